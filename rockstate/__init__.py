@@ -1,0 +1,20 @@
+"""rockstate: distributed RocksDB-backed keyed state for PySpark pipelines."""
+
+from . import errors
+from .api import Rockstate
+from .embedded import open
+from .errors import RockstateError
+from .keys import partition_of, partitions_of
+from .states import ListState, MapState, ValueState
+
+__all__ = [
+    "errors",
+    "open",
+    "partition_of",
+    "partitions_of",
+    "ListState",
+    "MapState",
+    "Rockstate",
+    "RockstateError",
+    "ValueState",
+]

@@ -1,0 +1,224 @@
+"""Every error a rockstate user can get, under one root.
+
+Each class has a stable wire ``code`` so a node's error is raised on the
+client as the same type (see ``to_wire`` / ``from_wire``). ``retryable`` says
+whether the same request may succeed if sent again later.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class RockstateError(Exception):
+    """Root of every rockstate error."""
+
+    code = "ERROR"
+    retryable = False
+
+    def __init__(self, message: str = "", **data: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.data = data
+
+    def to_wire(self) -> dict:
+        return {"code": self.code, "message": self.message, "data": self.data}
+
+
+# -- bad input ---------------------------------------------------------------
+
+
+class InvalidInputError(RockstateError):
+    """The request itself is wrong; sending it again will not help."""
+
+    code = "INVALID_INPUT"
+
+
+class InvalidKeyError(InvalidInputError, TypeError):
+    """A key is of a type rockstate cannot store or hash."""
+
+    code = "INVALID_KEY"
+
+
+class InvalidValueError(InvalidInputError, TypeError):
+    """A value is of a type rockstate cannot encode."""
+
+    code = "INVALID_VALUE"
+
+
+class SizeLimitError(InvalidInputError, ValueError):
+    """A key or value is larger than the configured limit."""
+
+    code = "SIZE_LIMIT"
+
+
+class InvalidNameError(InvalidInputError, ValueError):
+    """A state or cluster name is empty, too long or holds forbidden characters."""
+
+    code = "INVALID_NAME"
+
+
+class UnknownStateError(InvalidInputError, KeyError):
+    """A request names a state that does not exist."""
+
+    code = "UNKNOWN_STATE"
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return self.message
+
+
+class StateKindError(InvalidInputError):
+    """One state name used as two kinds (value, map, list) or with two TTLs."""
+
+    code = "STATE_KIND"
+
+
+class PartitionRangeError(InvalidInputError, ValueError):
+    """A partition id outside 0..P-1."""
+
+    code = "PARTITION_RANGE"
+
+
+class ConfigError(InvalidInputError, ValueError):
+    """A configuration value is missing or invalid."""
+
+    code = "CONFIG"
+
+
+# -- the store ---------------------------------------------------------------
+
+
+class StoreError(RockstateError):
+    """The local store cannot do what was asked."""
+
+    code = "STORE"
+
+
+class StoreLockedError(StoreError):
+    """The store's path is already open, in this process or another one."""
+
+    code = "STORE_LOCKED"
+
+
+class StoreClosedError(StoreError):
+    """The store (or client) has been closed."""
+
+    code = "STORE_CLOSED"
+
+
+class PartitionCountError(StoreError, ConfigError):
+    """A store or cluster reopened with another partition count than it was created with."""
+
+    code = "PARTITION_COUNT"
+
+
+# -- the cluster -------------------------------------------------------------
+
+
+class ClusterError(RockstateError):
+    code = "CLUSTER"
+
+
+class NotOwnerError(ClusterError):
+    """The node does not own the partition (or the request's table epoch is stale)."""
+
+    code = "NOT_OWNER"
+    retryable = True
+
+
+class PartitionUnavailableError(ClusterError):
+    """The partition is moving or being restored; try again shortly."""
+
+    code = "UNAVAILABLE"
+    retryable = True
+
+
+class ClusterTimeoutError(ClusterError, TimeoutError):
+    """No answer within the deadline; the operation may or may not have happened."""
+
+    code = "TIMEOUT"
+    retryable = True
+
+
+class ConnectionLostError(ClusterError, ConnectionError):
+    """The connection to a peer failed or closed."""
+
+    code = "CONNECTION"
+    retryable = True
+
+
+class ProtocolError(ClusterError):
+    """A malformed frame or message."""
+
+    code = "PROTOCOL"
+
+
+class ProtocolVersionError(ProtocolError):
+    """The peer speaks another protocol version."""
+
+    code = "PROTOCOL_VERSION"
+
+
+class AuthenticationError(ClusterError):
+    """The peer could not prove it knows the cluster secret."""
+
+    code = "AUTH"
+
+
+class UnknownOperationError(ProtocolError):
+    """The peer's role has no handler for this operation."""
+
+    code = "UNKNOWN_OP"
+
+
+class FrameTruncatedError(ProtocolError, ConnectionLostError):
+    """The connection closed in the middle of a frame: a bad frame and a lost connection both."""
+
+    code = "FRAME_TRUNCATED"
+    retryable = True
+
+
+# -- checkpoints -------------------------------------------------------------
+
+
+class CheckpointError(RockstateError):
+    code = "CHECKPOINT"
+
+
+class CheckpointNotFoundError(CheckpointError):
+    code = "CHECKPOINT_NOT_FOUND"
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint file is missing or fails its checksum."""
+
+    code = "CHECKPOINT_CORRUPT"
+
+
+class CheckpointInProgressError(CheckpointError):
+    code = "CHECKPOINT_IN_PROGRESS"
+    retryable = True
+
+
+def _all_subclasses(cls: type) -> list[type]:
+    out = []
+    for sub in cls.__subclasses__():
+        out.append(sub)
+        out.extend(_all_subclasses(sub))
+    return out
+
+
+def _registry() -> dict[str, type[RockstateError]]:
+    return {c.code: c for c in [RockstateError, *_all_subclasses(RockstateError)]}
+
+
+def from_wire(payload: dict) -> RockstateError:
+    """Rebuild the error a peer sent; an unknown code becomes the root type."""
+    cls = _registry().get(payload.get("code", ""), RockstateError)
+    err = cls.__new__(cls)
+    RockstateError.__init__(err, payload.get("message", ""), **(payload.get("data") or {}))
+    return err
+
+
+__all__ = [name for name, obj in globals().items() if isinstance(obj, type) and issubclass(obj, RockstateError)]
+__all__ += ["from_wire"]

@@ -1,0 +1,369 @@
+"""Spark-identical partitioner: ``partition_of(key, P) == pmod(hash(cols...), P)``.
+
+Spark SQL's ``hash()`` is Murmur3 x86_32 with seed 42, applied column by
+column: the hash of column i is the seed of column i+1, and a null column
+leaves the running hash unchanged. Per column type (Spark's
+``Murmur3HashFunction``):
+
+- boolean      ``hashInt(1 or 0)``
+- bigint       ``hashLong(v)``: low 32 bits, then high 32 bits
+- double       ``hashLong(doubleToLongBits(v))``; -0.0 hashes as 0.0, and
+               every NaN as the canonical NaN (``doubleToLongBits`` collapses them)
+- string       ``hashUnsafeBytes`` of the UTF-8 bytes
+- binary       ``hashUnsafeBytes`` of the bytes
+
+``hashUnsafeBytes`` is not standard Murmur3 (nor ``mmh3``): after the 4-byte
+little-endian blocks, each of the 0..3 tail bytes is sign-extended and mixed
+as a block of its own, instead of being packed into one last word.
+
+Python keys map to Spark types as: bool -> boolean, int -> bigint (must fit
+in signed 64 bits), float -> double, str -> string, bytes/bytearray ->
+binary, None -> null, tuple -> the columns in order. Numpy scalars count as
+their Python equivalents.
+
+The vectorized ``partitions_of`` computes the same thing for whole columns
+with numpy on uint32 arrays (wrap-around arithmetic is Java's int arithmetic).
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from .errors import ConfigError, InvalidInputError, InvalidKeyError
+
+try:
+    import pyarrow as pa
+except ImportError:  # pyarrow is only needed to hash Arrow input
+    pa = None
+
+SEED = 42
+_M32 = 0xFFFFFFFF
+_C1, _C2 = 0xCC9E2D51, 0x1B873593
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_ALLOWED = "None, bool, int (signed 64-bit), float, str, bytes/bytearray, or a non-empty tuple of those"
+_LE_WORD = np.dtype("<u4")
+
+# -- scalar Murmur3 on Python ints (all values kept in 0..2**32-1) -----------
+
+
+def _mix_k1(k: int) -> int:
+    k = (k * _C1) & _M32
+    k = ((k << 15) | (k >> 17)) & _M32
+    return (k * _C2) & _M32
+
+
+def _mix_h1(h: int, k: int) -> int:
+    h ^= k
+    h = ((h << 13) | (h >> 19)) & _M32
+    return (h * 5 + 0xE6546B64) & _M32
+
+
+def _fmix(h: int, length: int) -> int:
+    h ^= length
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & _M32
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & _M32
+    return h ^ (h >> 16)
+
+
+def _hash_long(v: int, h: int) -> int:
+    h = _mix_h1(h, _mix_k1(v & _M32))
+    h = _mix_h1(h, _mix_k1((v >> 32) & _M32))
+    return _fmix(h, 8)
+
+
+def _hash_bytes(b: bytes, h: int) -> int:
+    n = len(b)
+    aligned = n & ~3
+    for word in struct.unpack_from(f"<{aligned >> 2}I", b):
+        h = _mix_h1(h, _mix_k1(word))
+    for byte in b[aligned:]:  # Spark mixes each tail byte as a signed byte
+        h = _mix_h1(h, _mix_k1((byte - 256 if byte > 127 else byte) & _M32))
+    return _fmix(h, n)
+
+
+def _double_bits(x: float) -> int:
+    if x != x:
+        return 0x7FF8000000000000  # Java's doubleToLongBits canonical NaN
+    if x == 0.0:
+        return 0  # Spark hashes -0.0 as 0.0
+    return struct.unpack("<q", struct.pack("<d", x))[0]
+
+
+def _bad_type(value) -> InvalidKeyError:
+    return InvalidKeyError(
+        f"unsupported key type {type(value).__name__!r}; a key is {_ALLOWED}", type=type(value).__name__
+    )
+
+
+def _hash_column(v, h: int) -> int:
+    """Hash one column value with running hash ``h``; raise for unsupported types."""
+    if v is None:
+        return h
+    if isinstance(v, (bool, np.bool_)):  # before int: bool is an int subclass
+        return _fmix(_mix_h1(h, _mix_k1(int(v))), 4)
+    if isinstance(v, (int, np.integer)):
+        v = int(v)
+        if not _INT64_MIN <= v <= _INT64_MAX:
+            raise InvalidKeyError(
+                f"int key {v} is outside the signed 64-bit range [{_INT64_MIN}, {_INT64_MAX}] of Spark's bigint",
+                type="int",
+            )
+        return _hash_long(v, h)
+    if isinstance(v, (float, np.floating)):
+        return _hash_long(_double_bits(float(v)), h)
+    if isinstance(v, str):
+        return _hash_bytes(v.encode("utf-8"), h)
+    if isinstance(v, (bytes, bytearray)):
+        return _hash_bytes(bytes(v), h)
+    raise _bad_type(v)
+
+
+def _signed(h: int) -> int:
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def spark_hash(key) -> int:
+    """Spark SQL ``hash(cols...)`` of ``key`` as a signed 32-bit int."""
+    if type(key) is int and _INT64_MIN <= key <= _INT64_MAX:  # fast path for the commonest key
+        return _signed(_hash_long(key, SEED))
+    if isinstance(key, tuple):
+        if not key:
+            raise InvalidKeyError(f"an empty tuple is not a key; a key is {_ALLOWED}", type="tuple")
+        h = SEED
+        for col in key:
+            if isinstance(col, tuple):  # _hash_column would name 'tuple' too, but say why
+                raise InvalidKeyError(f"nested tuple in a key; a key is {_ALLOWED}", type="tuple")
+            h = _hash_column(col, h)
+        return _signed(h)
+    return _signed(_hash_column(key, SEED))
+
+
+def _check_partitions(partitions: int) -> None:
+    if not isinstance(partitions, (int, np.integer)) or isinstance(partitions, bool) or partitions < 1:
+        raise ConfigError(f"partition count must be a positive int, got {partitions!r}")
+
+
+def partition_of(key, partitions: int) -> int:
+    """Spark SQL ``pmod(hash(cols...), partitions)`` of ``key``."""
+    _check_partitions(partitions)
+    return spark_hash(key) % int(partitions)  # Python's % is pmod for a positive divisor
+
+
+def check_key(key) -> None:
+    """Raise InvalidKeyError if ``key`` is not a key rockstate can hash."""
+    spark_hash(key)
+
+
+# -- vectorized Murmur3 on uint32 numpy arrays ---------------------------------
+# Every function takes and returns uint32 arrays; multiplication wraps like Java.
+
+_U_C1, _U_C2 = np.uint32(_C1), np.uint32(_C2)
+_U_5, _U_N = np.uint32(5), np.uint32(0xE6546B64)
+_U_F1, _U_F2 = np.uint32(0x85EBCA6B), np.uint32(0xC2B2AE35)
+
+
+def _v_mix_k1(k: np.ndarray) -> np.ndarray:
+    k = k * _U_C1
+    k = (k << np.uint32(15)) | (k >> np.uint32(17))
+    k *= _U_C2
+    return k
+
+
+def _v_mix_h1(h: np.ndarray, k: np.ndarray) -> np.ndarray:
+    h = h ^ k
+    h = (h << np.uint32(13)) | (h >> np.uint32(19))
+    h *= _U_5
+    h += _U_N
+    return h
+
+
+def _v_fmix(h: np.ndarray, length) -> np.ndarray:
+    h = h ^ length
+    h ^= h >> np.uint32(16)
+    h *= _U_F1
+    h ^= h >> np.uint32(13)
+    h *= _U_F2
+    h ^= h >> np.uint32(16)
+    return h
+
+
+def _v_hash_int(v: np.ndarray, h: np.ndarray) -> np.ndarray:
+    return _v_fmix(_v_mix_h1(h, _v_mix_k1(v.astype(np.uint32))), np.uint32(4))
+
+
+def _v_hash_long(v: np.ndarray, h: np.ndarray) -> np.ndarray:
+    words = np.ascontiguousarray(v, dtype="<i8").view(_LE_WORD)  # low word, high word per value
+    h = _v_mix_h1(h, _v_mix_k1(words[0::2]))
+    h = _v_mix_h1(h, _v_mix_k1(words[1::2]))
+    return _v_fmix(h, np.uint32(8))
+
+
+def _v_hash_double(v: np.ndarray, h: np.ndarray) -> np.ndarray:
+    v = np.asarray(v, dtype=np.float64)
+    bits = v.view(np.int64).copy()
+    bits[v == 0.0] = 0
+    bits[np.isnan(v)] = 0x7FF8000000000000
+    return _v_hash_long(bits, h)
+
+
+def _v_hash_bytes(values: tuple[np.ndarray, np.ndarray], h: np.ndarray) -> np.ndarray:
+    """hashUnsafeBytes of every row's data[offsets[i]:offsets[i+1]], seeded by h[i]."""
+    offsets, data = values
+    starts = offsets[:-1].astype(np.int64)
+    lengths = offsets[1:].astype(np.int64) - starts
+    blocks = lengths >> 2
+    h = h.copy()
+    most = int(blocks.max()) if len(blocks) else 0
+    if most:
+        # words[i] is the little-endian uint32 at byte i: an overlapping view, no copy.
+        words = np.ndarray((len(data) - 3,), dtype=_LE_WORD, buffer=data, strides=(1,))
+        # Rows sorted by block count, most first, so the rows that have a block b are a
+        # prefix of length have[b]; one numpy step per block index, not per row.
+        order = np.argsort((most - blocks).astype(np.uint16 if most < 2**16 else np.int64), kind="stable")
+        have = np.cumsum(np.bincount(blocks, minlength=most + 1)[::-1])[::-1]
+        hs, pos = h[order], starts[order]
+        for b in range(1, most + 1):
+            m = have[b]
+            hs[:m] = _v_mix_h1(hs[:m], _v_mix_k1(words[pos[:m]]))
+            pos[:m] += 4
+        h[order] = hs
+    tails = lengths & 3
+    tail_starts = starts + (blocks << 2)
+    signed = data.view(np.int8)
+    for t in range(3):  # Spark mixes each tail byte, sign-extended, as a block of its own
+        rows = np.flatnonzero(tails > t)
+        if len(rows):
+            k = signed[tail_starts[rows] + t].astype(np.int32).view(np.uint32)
+            h[rows] = _v_mix_h1(h[rows], _v_mix_k1(k))
+    return _v_fmix(h, lengths.astype(np.uint32))
+
+
+_V_HASH = {"int": _v_hash_long, "double": _v_hash_double, "bool": _v_hash_int, "bytes": _v_hash_bytes}
+
+
+# -- columns -> (kind, values, valid) ------------------------------------------
+# kind is a key of _V_HASH, "null" (every row null) or "rows" (a list hashed value
+# by value). values cover every row (null rows hold filler); valid is a bool mask
+# of the non-null rows, or None when there are no nulls.
+
+
+def _pack(values: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, data) of byte strings, the layout of an Arrow binary array."""
+    offsets = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum([len(v) for v in values], out=offsets[1:])
+    return offsets, np.frombuffer(b"".join(values), dtype=np.uint8)
+
+
+def _kind_of(v) -> str | None:
+    if isinstance(v, (bool, np.bool_)):
+        return "bool"
+    if isinstance(v, (int, np.integer)):
+        return "int"
+    if isinstance(v, (float, np.floating)):
+        return "double"
+    if isinstance(v, (str, bytes, bytearray)):  # string and binary hash alike: by their bytes
+        return "bytes"
+    return None
+
+
+def _from_objects(values: list):
+    """Python objects: one kind (plus None) is vectorized, anything else goes row by row."""
+    kinds = {_kind_of(v) for v in values if v is not None}
+    if len(kinds) != 1 or None in kinds:
+        return "rows", values, None
+    kind = kinds.pop()
+    valid = np.array([v is not None for v in values], dtype=bool)
+    if kind == "bytes":
+        return kind, _pack([b"" if v is None else v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in values]), valid
+    try:
+        dense = np.array([0 if v is None else v for v in values], dtype={"int": np.int64, "double": np.float64, "bool": bool}[kind])
+    except OverflowError:
+        return "rows", values, None  # the row path raises, naming the out-of-range int
+    return kind, dense, valid
+
+
+def _from_arrow(arr):
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    t = arr.type
+    valid = arr.is_valid().to_numpy(zero_copy_only=False) if arr.null_count else None
+    if pa.types.is_null(t):
+        return "null", None, None
+    if pa.types.is_integer(t):
+        try:
+            arr = arr.cast(pa.int64())
+        except pa.ArrowInvalid:
+            raise InvalidKeyError(f"{t} column holds values beyond Spark's bigint (signed 64-bit)", type=str(t)) from None
+        return "int", arr.fill_null(0).to_numpy(), valid
+    if pa.types.is_floating(t):
+        return "double", arr.cast(pa.float64()).fill_null(0.0).to_numpy(), valid
+    if pa.types.is_boolean(t):
+        return "bool", arr.fill_null(False).to_numpy(zero_copy_only=False), valid
+    if pa.types.is_string(t) or pa.types.is_binary(t):
+        offset_type = np.int32
+    elif pa.types.is_large_string(t) or pa.types.is_large_binary(t):
+        offset_type = np.int64
+    else:
+        raise InvalidKeyError(f"unsupported key column type {str(t)!r}; a key column holds {_ALLOWED}", type=str(t))
+    _, offset_buf, data_buf = arr.buffers()
+    offsets = np.frombuffer(offset_buf, dtype=offset_type)[arr.offset : arr.offset + len(arr) + 1]
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    return "bytes", (offsets, data), valid
+
+
+def _column(col):
+    if pa is not None and isinstance(col, (pa.Array, pa.ChunkedArray)):
+        return _from_arrow(col)
+    if not isinstance(col, (list, tuple)):
+        col = np.asarray(col)  # numpy arrays, pandas Series, ...
+    if isinstance(col, np.ndarray):
+        kind = col.dtype.kind
+        if col.ndim != 1:
+            raise InvalidKeyError(f"a key column must be one-dimensional, got shape {col.shape}", type="ndarray")
+        if kind == "u" and len(col) and col.max() > _INT64_MAX:
+            raise InvalidKeyError(f"{col.dtype} column holds values beyond Spark's bigint (signed 64-bit)", type=str(col.dtype))
+        if kind in "iu":
+            return "int", col.astype(np.int64, copy=False), None
+        if kind in "fb":
+            return {"f": "double", "b": "bool"}[kind], col, None
+        if kind in "US":  # numpy str / bytes arrays
+            return "bytes", _pack([v.encode("utf-8") if kind == "U" else v for v in col.tolist()]), None
+        if kind != "O":
+            raise InvalidKeyError(f"unsupported key column dtype {col.dtype}; a key column holds {_ALLOWED}", type=str(col.dtype))
+        col = col.tolist()
+    return _from_objects(list(col))
+
+
+def _is_column(x) -> bool:
+    if pa is not None and isinstance(x, (pa.Array, pa.ChunkedArray)):
+        return True
+    return isinstance(x, (list, np.ndarray)) or (hasattr(x, "__array__") and not isinstance(x, np.generic))
+
+
+def partitions_of(columns, partitions: int) -> np.ndarray:
+    """``pmod(hash(col0, col1, ...), partitions)`` per row, as an int64 array.
+
+    ``columns`` is one column or a list/tuple of columns of equal length; a column
+    is a numpy array, a pyarrow Array/ChunkedArray, or a Python list.
+    """
+    _check_partitions(partitions)
+    if isinstance(columns, (list, tuple)) and columns and all(_is_column(c) for c in columns):
+        cols = list(columns)
+    else:
+        cols = [columns]
+    lengths = {len(c) for c in cols}
+    if len(lengths) != 1:
+        raise InvalidInputError(f"key columns have different lengths: {sorted(lengths)}")
+    h = np.full(lengths.pop(), SEED, dtype=np.uint32)
+    for col in cols:
+        kind, values, valid = _column(col)
+        if kind == "rows":
+            h = np.array([_hash_column(v, s) for v, s in zip(values, h.tolist())], dtype=np.uint32)
+        elif kind != "null":
+            hashed = _V_HASH[kind](values, h)
+            h = hashed if valid is None else np.where(valid, hashed, h)
+    return h.view(np.int32).astype(np.int64) % int(partitions)

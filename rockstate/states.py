@@ -1,0 +1,244 @@
+"""Value, Map and List state over explicit keys: the user-facing handles.
+
+A handle encodes keys and values, finds each key's partition, and hands the
+backend one group of operations per partition. The backend is the embedded
+store or the cluster's routing client: the handles are the same for both.
+Bad input is found while encoding, before anything is sent, so a batch with
+one bad item writes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol
+
+import numpy as np
+
+from . import keys as keyhash
+from .serde import decode_key, decode_stream, decode_value, encode_key, encode_keys, encode_value, encode_values, split_pair
+from .store.catalog import StateSpec, check_name
+from .store.partition import APPEND, DELETE, DELETE_PREFIX, PUT
+
+if TYPE_CHECKING:
+    from .store.partition import Op
+
+SCAN_PAGE = 1000
+
+
+class Backend(Protocol):
+    """What a state handle needs from where the partitions live."""
+
+    partitions: int
+    max_key_bytes: int
+    max_value_bytes: int
+
+    def define_state(self, spec: StateSpec) -> StateSpec: ...
+    def write(self, ops_by_pid: dict[int, list["Op"]]) -> None: ...
+    def get_many(self, state: str, keys_by_pid: dict[int, list[bytes]]) -> dict[int, list[bytes | None]]: ...
+    def scan(self, state: str, pid: int, prefix: bytes, after: bytes | None, limit: int) -> list[tuple[bytes, bytes]]: ...
+    def count(self, state: str) -> int: ...
+
+
+def partitions_for(keys: list, partitions: int) -> list[int]:
+    """Partition of each key; vectorized when the keys are all ints."""
+    if keys and set(map(type, keys)) == {int}:
+        return keyhash.partitions_of(np.fromiter(keys, dtype=np.int64, count=len(keys)), partitions).tolist()
+    return [keyhash.partition_of(k, partitions) for k in keys]
+
+
+class _State:
+    kind = ""
+
+    def __init__(self, backend: Backend, name: str, ttl: float | None = None) -> None:
+        check_name(name)  # names starting with "_" are the system's own
+        self.spec = backend.define_state(StateSpec(name, self.kind, ttl))
+        self.name = name
+        self._backend = backend
+        self._P = backend.partitions
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} ttl={self.spec.ttl}>"
+
+    def _key(self, key: Any) -> tuple[int, bytes]:
+        data = encode_key(key, self._backend.max_key_bytes)
+        return keyhash.partition_of(key, self._P), data
+
+    def _value(self, value: Any) -> bytes:
+        return encode_value(value, self._backend.max_value_bytes)
+
+    def _write_one(self, pid: int, key: bytes, op: int, value: bytes | None = None) -> None:
+        self._backend.write({pid: [(op, self.name, key, value)]})
+
+    def _get_one(self, pid: int, key: bytes) -> bytes | None:
+        return self._backend.get_many(self.name, {pid: [key]})[pid][0]
+
+    def _scan(self, prefix: bytes = b"", pids: Iterable[int] | None = None) -> Iterator[tuple[bytes, bytes]]:
+        for pid in range(self._P) if pids is None else pids:
+            after = None
+            while True:
+                page = self._backend.scan(self.name, pid, prefix, after, SCAN_PAGE)
+                yield from page
+                if len(page) < SCAN_PAGE:
+                    break
+                after = page[-1][0]
+
+
+class ValueState(_State):
+    """One value per key."""
+
+    kind = "value"
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        data = self._get_one(*self._key(key))
+        return default if data is None else decode_value(data)
+
+    def put(self, key: Any, value: Any) -> None:
+        pid, k = self._key(key)
+        self._write_one(pid, k, PUT, self._value(value))
+
+    def delete(self, key: Any) -> None:
+        self._write_one(*self._key(key), DELETE)
+
+    def contains(self, key: Any) -> bool:
+        return self._get_one(*self._key(key)) is not None
+
+    __contains__ = contains
+
+    def get_many(self, keys: Iterable[Any], default: Any = None) -> list[Any]:
+        keys = list(keys)
+        encoded = encode_keys(keys, self._backend.max_key_bytes)
+        pids = partitions_for(keys, self._P)
+        by_pid: dict[int, list[bytes]] = {}
+        slots: dict[int, list[int]] = {}
+        for i, (pid, k) in enumerate(zip(pids, encoded)):
+            by_pid.setdefault(pid, []).append(k)
+            slots.setdefault(pid, []).append(i)
+        out: list[Any] = [default] * len(keys)
+        for pid, values in self._backend.get_many(self.name, by_pid).items():
+            for i, v in zip(slots[pid], values):
+                if v is not None:
+                    out[i] = decode_value(v)
+        return out
+
+    def put_many(self, items: Mapping[Any, Any] | Iterable[tuple[Any, Any]]) -> None:
+        pairs = items.items() if isinstance(items, Mapping) else items
+        keys, values = [], []
+        for k, v in pairs:
+            keys.append(k)
+            values.append(v)
+        encoded = encode_keys(keys, self._backend.max_key_bytes)
+        evalues = encode_values(values, self._backend.max_value_bytes)
+        self._write_grouped(keys, [(PUT, self.name, k, v) for k, v in zip(encoded, evalues)])
+
+    def delete_many(self, keys: Iterable[Any]) -> None:
+        keys = list(keys)
+        encoded = encode_keys(keys, self._backend.max_key_bytes)
+        self._write_grouped(keys, [(DELETE, self.name, k, None) for k in encoded])
+
+    def _write_grouped(self, keys: list, ops: list) -> None:
+        by_pid: dict[int, list] = {}
+        for pid, op in zip(partitions_for(keys, self._P), ops):
+            by_pid.setdefault(pid, []).append(op)
+        if by_pid:
+            self._backend.write(by_pid)
+
+    def keys(self) -> Iterator[Any]:
+        for k, _ in self._scan():
+            yield decode_key(k)
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        for k, v in self._scan():
+            yield decode_key(k), decode_value(v)
+
+    def count(self) -> int:
+        return self._backend.count(self.name)
+
+    __iter__ = keys
+
+
+class MapState(_State):
+    """Per key, a map of user keys to values; each entry is its own RocksDB key."""
+
+    kind = "map"
+
+    def _entry(self, key: Any, user_key: Any) -> tuple[int, bytes]:
+        pid, k = self._key(key)
+        return pid, k + encode_key(user_key, self._backend.max_key_bytes)
+
+    def get(self, key: Any, user_key: Any, default: Any = None) -> Any:
+        data = self._get_one(*self._entry(key, user_key))
+        return default if data is None else decode_value(data)
+
+    def put(self, key: Any, user_key: Any, value: Any) -> None:
+        pid, k = self._entry(key, user_key)
+        self._write_one(pid, k, PUT, self._value(value))
+
+    def put_all(self, key: Any, mapping: Mapping[Any, Any]) -> None:
+        pid, k = self._key(key)
+        limit = self._backend.max_key_bytes
+        ops = [(PUT, self.name, k + encode_key(uk, limit), self._value(v)) for uk, v in mapping.items()]
+        if ops:
+            self._backend.write({pid: ops})
+
+    def delete(self, key: Any, user_key: Any) -> None:
+        self._write_one(*self._entry(key, user_key), DELETE)
+
+    def contains(self, key: Any, user_key: Any) -> bool:
+        return self._get_one(*self._entry(key, user_key)) is not None
+
+    def items(self, key: Any) -> Iterator[tuple[Any, Any]]:
+        pid, k = self._key(key)
+        for entry, v in self._scan(k, [pid]):
+            yield decode_key(entry[len(k):]), decode_value(v)
+
+    def keys(self, key: Any) -> Iterator[Any]:
+        for uk, _ in self.items(key):
+            yield uk
+
+    def clear(self, key: Any) -> None:
+        self._write_one(*self._key(key), DELETE_PREFIX)
+
+    def entries(self) -> Iterator[tuple[Any, Any, Any]]:
+        """Every (key, user_key, value) of the state."""
+        for entry, v in self._scan():
+            yield (*split_pair(entry), decode_value(v))
+
+    def count(self) -> int:
+        """Number of entries (not of keys)."""
+        return self._backend.count(self.name)
+
+
+class ListState(_State):
+    """Per key, a list of values."""
+
+    kind = "list"
+
+    def append(self, key: Any, value: Any) -> None:
+        pid, k = self._key(key)
+        self._write_one(pid, k, APPEND, self._value(value))
+
+    def extend(self, key: Any, values: Iterable[Any]) -> None:
+        pid, k = self._key(key)
+        data = b"".join(encode_values(values, self._backend.max_value_bytes))
+        if data:
+            self._write_one(pid, k, APPEND, data)
+
+    def get(self, key: Any) -> list[Any]:
+        data = self._get_one(*self._key(key))
+        return [] if data is None else decode_stream(data)
+
+    def put(self, key: Any, values: Iterable[Any]) -> None:
+        """Replace the list."""
+        pid, k = self._key(key)
+        data = b"".join(encode_values(values, self._backend.max_value_bytes))
+        self._write_one(pid, k, PUT if data else DELETE, data or None)
+
+    def clear(self, key: Any) -> None:
+        self._write_one(*self._key(key), DELETE)
+
+    def keys(self) -> Iterator[Any]:
+        for k, _ in self._scan():
+            yield decode_key(k)
+
+    def count(self) -> int:
+        """Number of keys holding a list."""
+        return self._backend.count(self.name)

@@ -1,0 +1,234 @@
+"""One partition: a RocksDB instance with a column family per state.
+
+Values of a state with a TTL are stored behind an 8-byte expiry header
+(milliseconds since the epoch, big-endian); an expired entry reads as absent
+and is removed by ``sweep_expired``. A list state's stored value is its items'
+encodings concatenated, so ``APPEND`` is a read-modify-write under the
+partition's lock.
+
+All writes to a partition hold ``lock``: a checkpoint takes the same lock to
+order its barrier between writes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import threading
+import time
+from typing import Callable, Iterator, Sequence
+
+from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch, WriteBufferManager
+
+from ..errors import StoreClosedError, UnknownStateError
+from .catalog import StateSpec
+
+# Write operations, as sent over the wire: [op, state, key, value]
+PUT, DELETE, APPEND, DELETE_PREFIX = 0, 1, 2, 3
+Op = Sequence  # (op, state, key, value)
+
+_EXPIRY = struct.Struct(">Q")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def prefix_end(prefix: bytes) -> bytes | None:
+    """The smallest key greater than every key starting with ``prefix`` (None: no bound)."""
+    trimmed = prefix.rstrip(b"\xff")
+    if not trimmed:
+        return None
+    return trimmed[:-1] + bytes([trimmed[-1] + 1])
+
+
+class Resources:
+    """Memory shared by every partition of a store: one block cache, one write-buffer manager."""
+
+    def __init__(self, memory_bytes: int, max_open_files: int = 64) -> None:
+        self.cache = Cache(memory_bytes)
+        # Memtables are charged to the cache, so memory_bytes caps both.
+        self.write_buffers = WriteBufferManager.new_write_buffer_manager_with_cache(memory_bytes // 4, False, self.cache)
+        self.max_open_files = max_open_files
+
+    def options(self) -> Options:
+        opts = Options(raw_mode=True)
+        opts.create_if_missing(True)
+        opts.create_missing_column_families(True)
+        opts.set_max_open_files(self.max_open_files)
+        table = BlockBasedOptions()
+        table.set_block_cache(self.cache)
+        opts.set_block_based_table_factory(table)
+        opts.set_write_buffer_manager(self.write_buffers)
+        return opts
+
+
+class Partition:
+    def __init__(self, pid: int, path: str, resources: Resources, specs: dict[str, StateSpec]) -> None:
+        self.pid = pid
+        self.path = path
+        self.lock = threading.RLock()
+        self._resources = resources
+        self._specs = specs  # the store's catalog, shared: states defined later appear here
+        opts = resources.options()
+        names = Rdict.list_cf(path, opts) if os.path.exists(os.path.join(path, "CURRENT")) else ["default"]
+        families = {n: resources.options() for n in names if n != "default"}
+        self.db: Rdict | None = Rdict(path, opts, column_families=families)
+        self._families = {n: self.db.get_column_family(n) for n in families}
+        self._handles = {n: self.db.get_column_family_handle(n) for n in families}
+
+    # -- states ----------------------------------------------------------
+
+    def ensure_state(self, name: str) -> None:
+        with self.lock:
+            if name not in self._families:
+                self._families[name] = self._open().create_column_family(name, self._resources.options())
+                self._handles[name] = self._open().get_column_family_handle(name)
+
+    def states(self) -> list[str]:
+        return list(self._families)
+
+    def _family(self, state: str) -> Rdict:
+        self._open()
+        try:
+            return self._families[state]
+        except KeyError:
+            if state in self._specs:
+                self.ensure_state(state)
+                return self._families[state]
+            raise UnknownStateError(f"unknown state {state!r}") from None
+
+    def _open(self) -> Rdict:
+        if self.db is None:
+            raise StoreClosedError(f"partition {self.pid} is closed")
+        return self.db
+
+    def _ttl_ms(self, state: str) -> int | None:
+        spec = self._specs.get(state)
+        return int(spec.ttl * 1000) if spec and spec.ttl else None
+
+    # -- writes ----------------------------------------------------------
+
+    def write(self, ops: Sequence[Op]) -> None:
+        """Apply ``ops`` atomically (one RocksDB WriteBatch)."""
+        with self.lock:
+            self._open().write(self._batch(ops))
+
+    def _batch(self, ops: Sequence[Op]) -> WriteBatch:
+        batch = WriteBatch(raw_mode=True)
+        lists: dict[tuple[str, bytes], bytes | None] = {}  # list values as this batch leaves them
+        header_for: dict[str, bytes | None] = {}
+        for op, state, key, value in ops:
+            if state not in header_for:
+                self._family(state)
+                ttl = self._ttl_ms(state)
+                header_for[state] = _EXPIRY.pack(now_ms() + ttl) if ttl else None
+            handle, header = self._handles[state], header_for[state]
+            if op == PUT:
+                batch.put(key, header + value if header else value, handle)
+                if (state, key) in lists:
+                    lists[state, key] = value
+            elif op == DELETE:
+                batch.delete(key, handle)
+                if (state, key) in lists:
+                    lists[state, key] = None
+            elif op == APPEND:
+                old = lists[state, key] if (state, key) in lists else self.get_many(state, [key])[0]
+                lists[state, key] = new = (old or b"") + value
+                batch.put(key, header + new if header else new, handle)
+            elif op == DELETE_PREFIX:
+                end = prefix_end(key)
+                if end is None:  # only 0xff bytes: delete key by key
+                    for k, _ in self.scan(state, key):
+                        batch.delete(k, handle)
+                else:
+                    batch.delete_range(key, end, handle)
+                lists = {sk: v for sk, v in lists.items() if not (sk[0] == state and sk[1].startswith(key))}
+            else:
+                raise ValueError(f"unknown write op {op!r}")
+        return batch
+
+    # -- reads -----------------------------------------------------------
+
+    def get_many(self, state: str, keys: list[bytes]) -> list[bytes | None]:
+        values = self._family(state).get(keys)
+        if self._ttl_ms(state) is None:
+            return values
+        now = now_ms()
+        return [v[8:] if v is not None and _EXPIRY.unpack_from(v)[0] > now else None for v in values]
+
+    def scan(self, state: str, prefix: bytes = b"", after: bytes | None = None, limit: int | None = None) -> list[tuple[bytes, bytes]]:
+        """Live entries whose key starts with ``prefix``, in key order, after ``after``, at most ``limit``."""
+        out = []
+        for key, value in self._iter(state, prefix, after):
+            out.append((key, value))
+            if limit is not None and len(out) >= limit:
+                break
+        return out
+
+    def _iter(self, state: str, prefix: bytes, after: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        ttl, now = self._ttl_ms(state), now_ms()
+        it = self._family(state).iter()
+        it.seek(after if after is not None and after > prefix else prefix)
+        while it.valid():
+            key = it.key()
+            if not key.startswith(prefix):
+                break
+            if key != after:
+                value = it.value()
+                if ttl is None:
+                    yield key, value
+                elif _EXPIRY.unpack_from(value)[0] > now:
+                    yield key, value[8:]
+            it.next()
+
+    def count(self, state: str, prefix: bytes = b"") -> tuple[int, int]:
+        """(live entries, their key+value bytes)."""
+        n = size = 0
+        for key, value in self._iter(state, prefix, None):
+            n += 1
+            size += len(key) + len(value)
+        return n, size
+
+    # -- maintenance -----------------------------------------------------
+
+    def sweep_expired(self, state: str, batch_size: int = 1000, should_stop: Callable[[], bool] = lambda: False) -> int:
+        """Delete expired entries of a TTL state, a batch at a time; returns how many."""
+        if self._ttl_ms(state) is None:
+            return 0
+        removed, now = 0, now_ms()
+        it = self._family(state).iter()
+        it.seek_to_first()
+        expired = []
+        while it.valid() and not should_stop():
+            if _EXPIRY.unpack_from(it.value())[0] <= now:
+                expired.append(it.key())
+            it.next()
+            if len(expired) >= batch_size or (expired and not it.valid()):
+                removed += self._delete_if_expired(state, expired, now)
+                expired = []
+        return removed
+
+    def _delete_if_expired(self, state: str, keys: list[bytes], now: int) -> int:
+        with self.lock:  # re-check under the lock: a write may have refreshed an entry
+            handle, batch, n = self._handles[state], WriteBatch(raw_mode=True), 0
+            for key, value in zip(keys, self._families[state].get(keys)):
+                if value is not None and _EXPIRY.unpack_from(value)[0] <= now:
+                    batch.delete(key, handle)
+                    n += 1
+            self._open().write(batch)
+            return n
+
+    def close(self) -> None:
+        with self.lock:
+            if self.db is not None:
+                self._families.clear()
+                self._handles.clear()
+                self.db.close()
+                self.db = None
+
+    def drop(self) -> None:
+        """Close and delete the partition's files."""
+        self.close()
+        shutil.rmtree(self.path, ignore_errors=True)

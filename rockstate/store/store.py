@@ -1,0 +1,211 @@
+"""One process's partitions: a RocksDB instance per partition, sharing memory.
+
+Directory layout::
+
+    <path>/LOCK           flock: one process opens a store at a time
+    <path>/STORE.json     {"partitions": P}: fixed when the store is created
+    <path>/states.json    the catalog: name -> kind, ttl
+    <path>/p0042/         partition 42's RocksDB
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import threading
+from typing import Iterable
+
+from ..config import StoreConfig
+from ..errors import PartitionCountError, PartitionRangeError, PartitionUnavailableError, StoreClosedError, StoreLockedError
+from .catalog import StateSpec
+from .partition import Partition, Resources
+
+
+def partition_dir(pid: int) -> str:
+    return f"p{pid:04d}"
+
+
+def write_json(path: str, data: object) -> None:
+    """Replace ``path`` atomically."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: str, default: object = None) -> object:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return default
+
+
+class Store:
+    """Partitions of one process. ``owned=None`` opens all P partitions (embedded mode)."""
+
+    def __init__(self, path: str, config: StoreConfig | None = None, owned: Iterable[int] | None = None) -> None:
+        self.config = config or StoreConfig()
+        self.path = os.path.abspath(path)
+        self.partitions = self.config.partitions
+        os.makedirs(self.path, exist_ok=True)
+        self._lock_file = _lock(self.path)
+        try:
+            self._check_partition_count()
+            self.specs: dict[str, StateSpec] = {
+                name: StateSpec.from_dict(d) for name, d in (read_json(self._catalog_path, {}) or {}).items()
+            }
+            self.resources = Resources(self.config.memory_bytes, self.config.max_open_files)
+            self._parts: dict[int, Partition] = {}
+            self._mutex = threading.Lock()
+            for pid in range(self.partitions) if owned is None else owned:
+                self.open_partition(pid)
+        except BaseException:
+            self._close_parts_and_unlock()
+            raise
+        self._stop = threading.Event()
+        self._sweeper = threading.Thread(target=self._sweep_loop, name="rockstate-ttl-sweeper", daemon=True)
+        self._sweeper.start()
+
+    @property
+    def _catalog_path(self) -> str:
+        return os.path.join(self.path, "states.json")
+
+    def _check_partition_count(self) -> None:
+        meta_path = os.path.join(self.path, "STORE.json")
+        meta = read_json(meta_path)
+        if meta is None:
+            write_json(meta_path, {"partitions": self.partitions, "format": 1})
+        elif meta["partitions"] != self.partitions:
+            raise PartitionCountError(
+                f"store at {self.path} was created with {meta['partitions']} partitions; "
+                f"it cannot be opened with {self.partitions} (the partition count is fixed at creation)",
+                expected=meta["partitions"],
+            )
+
+    # -- states ----------------------------------------------------------
+
+    def define_state(self, spec: StateSpec) -> StateSpec:
+        """Create a state, or check that an existing one has the same kind and TTL."""
+        with self._mutex:
+            existing = self.specs.get(spec.name)
+            if existing is not None:
+                existing.check_same(spec)
+                return existing
+            self.specs[spec.name] = spec
+            write_json(self._catalog_path, {n: s.to_dict() for n, s in self.specs.items()})
+            parts = list(self._parts.values())
+        for part in parts:
+            part.ensure_state(spec.name)
+        return spec
+
+    # -- partitions ------------------------------------------------------
+
+    def check_pid(self, pid: object) -> int:
+        if type(pid) is not int or not 0 <= pid < self.partitions:
+            raise PartitionRangeError(f"partition {pid!r} is out of range 0..{self.partitions - 1}")
+        return pid
+
+    def partition(self, pid: int) -> Partition:
+        try:
+            return self._parts[pid]
+        except KeyError:
+            if self._lock_file is None:
+                raise StoreClosedError("the store is closed") from None
+            self.check_pid(pid)
+            raise PartitionUnavailableError(f"partition {pid} is not open on this store", partition=pid) from None
+
+    def owned(self) -> list[int]:
+        return sorted(self._parts)
+
+    def partition_path(self, pid: int) -> str:
+        return os.path.join(self.path, partition_dir(pid))
+
+    def open_partition(self, pid: int) -> Partition:
+        self.check_pid(pid)
+        with self._mutex:
+            if pid not in self._parts:
+                part = Partition(pid, self.partition_path(pid), self.resources, self.specs)
+                for name in self.specs:
+                    part.ensure_state(name)
+                self._parts[pid] = part
+            return self._parts[pid]
+
+    def close_partition(self, pid: int, drop: bool = False) -> None:
+        with self._mutex:
+            part = self._parts.pop(pid, None)
+        if part is not None:
+            part.drop() if drop else part.close()
+
+    # -- operations (the node serves these per partition) ----------------
+
+    def write(self, pid: int, ops) -> None:
+        self.partition(pid).write(ops)
+
+    def get_many(self, pid: int, state: str, keys: list[bytes]) -> list[bytes | None]:
+        return self.partition(pid).get_many(state, keys)
+
+    def scan(self, pid: int, state: str, prefix: bytes = b"", after: bytes | None = None, limit: int | None = None):
+        return self.partition(pid).scan(state, prefix, after, limit)
+
+    def stats(self, pids: Iterable[int] | None = None) -> dict:
+        """Live entries and bytes per state, and per partition (exact: it reads every entry)."""
+        states = {name: {"kind": s.kind, "ttl": s.ttl, "keys": 0, "bytes": 0} for name, s in self.specs.items()}
+        partitions = {}
+        for pid in sorted(self._parts if pids is None else pids):
+            part = self.partition(pid)
+            row = {"keys": 0, "bytes": 0}
+            for name in self.specs:
+                n, size = part.count(name)
+                states[name]["keys"] += n
+                states[name]["bytes"] += size
+                row["keys"] += n
+                row["bytes"] += size
+            partitions[pid] = row
+        return {"states": states, "partitions": partitions}
+
+    # -- background TTL removal and shutdown -----------------------------
+
+    def _sweep_loop(self) -> None:
+        while not self._stop.wait(self.config.ttl_sweep_interval):
+            self.sweep_expired()
+
+    def sweep_expired(self) -> int:
+        removed = 0
+        for name, spec in list(self.specs.items()):
+            if spec.ttl is None:
+                continue
+            for pid in self.owned():
+                try:
+                    removed += self.partition(pid).sweep_expired(name, should_stop=self._stop.is_set)
+                except (StoreClosedError, PartitionUnavailableError):
+                    continue  # closed or moved away meanwhile
+        return removed
+
+    def close(self) -> None:
+        if self._lock_file is None:
+            return
+        self._stop.set()
+        if self._sweeper is not threading.current_thread():
+            self._sweeper.join()
+        self._close_parts_and_unlock()
+
+    def _close_parts_and_unlock(self) -> None:
+        for pid in list(getattr(self, "_parts", {})):
+            self.close_partition(pid)
+        if self._lock_file is not None:
+            self._lock_file.close()
+            self._lock_file = None
+
+
+def _lock(path: str):
+    f = open(os.path.join(path, "LOCK"), "a")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise StoreLockedError(f"store at {path} is already open (in this process or another one)") from None
+    return f

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs everything `make` needs on a fresh machine: Java (for Spark), a venv, the package.
+set -euo pipefail
+VENV=${VENV:-.venv}
+need_apt=()
+command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
+for pkg in "$@"; do command -v "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg"); done
+if [ ${#need_apt[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}"
+fi
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+"$VENV/bin/pip" install -q --upgrade pip
+"$VENV/bin/pip" install -q -e '.[dev]'
