@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol
 import numpy as np
 
 from . import keys as keyhash
-from .serde import decode_key, decode_stream, decode_value, encode_key, encode_keys, encode_value, encode_values, split_pair
+from .serde import _pack, decode_key, decode_stream, decode_value, encode_key, encode_keys, encode_value, encode_values, split_pair
 from .store.catalog import StateSpec, check_name
-from .store.partition import APPEND, DELETE, DELETE_PREFIX, PUT
+from .store.partition import APPEND, DELETE, DELETE_MANY, DELETE_PREFIX, PUT, PUT_MANY
 
 if TYPE_CHECKING:
     from .store.partition import Op
@@ -38,11 +38,26 @@ class Backend(Protocol):
     def count(self, state: str) -> int: ...
 
 
-def partitions_for(keys: list, partitions: int) -> list[int]:
-    """Partition of each key; vectorized when the keys are all ints."""
+def prepare_keys(keys: list, partitions: int, limit: int) -> tuple[list[bytes], np.ndarray]:
+    """Encode keys and find their partitions; vectorized when the keys are all ints."""
     if keys and set(map(type, keys)) == {int}:
-        return keyhash.partitions_of(np.fromiter(keys, dtype=np.int64, count=len(keys)), partitions).tolist()
-    return [keyhash.partition_of(k, partitions) for k in keys]
+        try:
+            column = np.fromiter(keys, dtype=np.int64, count=len(keys))
+        except OverflowError:
+            pass  # encode_keys below names the bad key
+        else:
+            return list(map(_pack, keys)), keyhash.partitions_of(column, partitions)
+    encoded = encode_keys(keys, limit)
+    return encoded, np.fromiter((keyhash.partition_of(k, partitions) for k in keys), dtype=np.int64, count=len(keys))
+
+
+def group_by_partition(pids: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
+    """A stable order that groups rows by partition, and the (pid, start, end) of each group in it."""
+    order = np.argsort(pids, kind="stable")
+    ordered = pids[order]
+    cuts = (np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist()
+    starts, ends = [0, *cuts], [*cuts, len(pids)]
+    return order, [(int(ordered[a]), a, b) for a, b in zip(starts, ends)] if len(pids) else []
 
 
 class _State:
@@ -105,19 +120,15 @@ class ValueState(_State):
 
     def get_many(self, keys: Iterable[Any], default: Any = None) -> list[Any]:
         keys = list(keys)
-        encoded = encode_keys(keys, self._backend.max_key_bytes)
-        pids = partitions_for(keys, self._P)
-        by_pid: dict[int, list[bytes]] = {}
-        slots: dict[int, list[int]] = {}
-        for i, (pid, k) in enumerate(zip(pids, encoded)):
-            by_pid.setdefault(pid, []).append(k)
-            slots.setdefault(pid, []).append(i)
-        out: list[Any] = [default] * len(keys)
-        for pid, values in self._backend.get_many(self.name, by_pid).items():
-            for i, v in zip(slots[pid], values):
-                if v is not None:
-                    out[i] = decode_value(v)
-        return out
+        encoded, pids = prepare_keys(keys, self._P, self._backend.max_key_bytes)
+        order, groups = group_by_partition(pids)
+        take = encoded.__getitem__
+        idx = order.tolist()
+        found = self._backend.get_many(self.name, {pid: list(map(take, idx[a:b])) for pid, a, b in groups})
+        flat = np.empty(len(keys), dtype=object)
+        flat[order] = [v for pid, _, _ in groups for v in found[pid]]
+        unpack = decode_value
+        return [default if v is None else unpack(v) for v in flat.tolist()]
 
     def put_many(self, items: Mapping[Any, Any] | Iterable[tuple[Any, Any]]) -> None:
         pairs = items.items() if isinstance(items, Mapping) else items
@@ -125,21 +136,24 @@ class ValueState(_State):
         for k, v in pairs:
             keys.append(k)
             values.append(v)
-        encoded = encode_keys(keys, self._backend.max_key_bytes)
         evalues = encode_values(values, self._backend.max_value_bytes)
-        self._write_grouped(keys, [(PUT, self.name, k, v) for k, v in zip(encoded, evalues)])
+        self._write_many(PUT_MANY, keys, evalues)
 
     def delete_many(self, keys: Iterable[Any]) -> None:
-        keys = list(keys)
-        encoded = encode_keys(keys, self._backend.max_key_bytes)
-        self._write_grouped(keys, [(DELETE, self.name, k, None) for k in encoded])
+        self._write_many(DELETE_MANY, list(keys), None)
 
-    def _write_grouped(self, keys: list, ops: list) -> None:
-        by_pid: dict[int, list] = {}
-        for pid, op in zip(partitions_for(keys, self._P), ops):
-            by_pid.setdefault(pid, []).append(op)
-        if by_pid:
-            self._backend.write(by_pid)
+    def _write_many(self, op: int, keys: list, values: list[bytes] | None) -> None:
+        encoded, pids = prepare_keys(keys, self._P, self._backend.max_key_bytes)
+        if not keys:
+            return
+        order, groups = group_by_partition(pids)
+        idx = order.tolist()
+        by_pid = {}
+        for pid, a, b in groups:
+            rows = idx[a:b]
+            group_values = None if values is None else list(map(values.__getitem__, rows))
+            by_pid[pid] = [(op, self.name, list(map(encoded.__getitem__, rows)), group_values)]
+        self._backend.write(by_pid)
 
     def keys(self) -> Iterator[Any]:
         for k, _ in self._scan():

@@ -24,8 +24,10 @@ from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch, Writ
 from ..errors import StoreClosedError, UnknownStateError
 from .catalog import StateSpec
 
-# Write operations, as sent over the wire: [op, state, key, value]
-PUT, DELETE, APPEND, DELETE_PREFIX = 0, 1, 2, 3
+# Write operations, as sent over the wire: [op, state, key, value].
+# PUT_MANY and DELETE_MANY carry lists of keys (and values): one op per batch
+# keeps the hot path and the wire compact.
+PUT, DELETE, APPEND, DELETE_PREFIX, PUT_MANY, DELETE_MANY = 0, 1, 2, 3, 4, 5
 Op = Sequence  # (op, state, key, value)
 
 _EXPIRY = struct.Struct(">Q")
@@ -117,25 +119,33 @@ class Partition:
 
     def _batch(self, ops: Sequence[Op]) -> WriteBatch:
         batch = WriteBatch(raw_mode=True)
-        lists: dict[tuple[str, bytes], bytes | None] = {}  # list values as this batch leaves them
-        header_for: dict[str, bytes | None] = {}
+        pending: dict[tuple[str, bytes], bytes | None] = {}  # list values as this batch leaves them
+        headers: dict[str, bytes | None] = {}
         for op, state, key, value in ops:
-            if state not in header_for:
+            if state not in headers:
                 self._family(state)
                 ttl = self._ttl_ms(state)
-                header_for[state] = _EXPIRY.pack(now_ms() + ttl) if ttl else None
-            handle, header = self._handles[state], header_for[state]
-            if op == PUT:
+                headers[state] = _EXPIRY.pack(now_ms() + ttl) if ttl else None
+            handle, header = self._handles[state], headers[state]
+            if op == PUT_MANY:
+                stored = [header + v for v in value] if header else value
+                put = batch.put
+                for k, v in zip(key, stored):
+                    put(k, v, handle)
+                self._track(pending, state, key, value)
+            elif op == DELETE_MANY:
+                for k in key:
+                    batch.delete(k, handle)
+                self._track(pending, state, key, [None] * len(key))
+            elif op == PUT:
                 batch.put(key, header + value if header else value, handle)
-                if (state, key) in lists:
-                    lists[state, key] = value
+                self._track(pending, state, [key], [value])
             elif op == DELETE:
                 batch.delete(key, handle)
-                if (state, key) in lists:
-                    lists[state, key] = None
+                self._track(pending, state, [key], [None])
             elif op == APPEND:
-                old = lists[state, key] if (state, key) in lists else self.get_many(state, [key])[0]
-                lists[state, key] = new = (old or b"") + value
+                old = pending[state, key] if (state, key) in pending else self.get_many(state, [key])[0]
+                pending[state, key] = new = (old or b"") + value
                 batch.put(key, header + new if header else new, handle)
             elif op == DELETE_PREFIX:
                 end = prefix_end(key)
@@ -144,10 +154,15 @@ class Partition:
                         batch.delete(k, handle)
                 else:
                     batch.delete_range(key, end, handle)
-                lists = {sk: v for sk, v in lists.items() if not (sk[0] == state and sk[1].startswith(key))}
             else:
                 raise ValueError(f"unknown write op {op!r}")
         return batch
+
+    def _track(self, pending: dict, state: str, keys, values) -> None:
+        """Remember what the batch leaves in a list state, for a later APPEND in it."""
+        spec = self._specs.get(state)
+        if spec is not None and spec.kind == "list":
+            pending.update(((state, k), v) for k, v in zip(keys, values))
 
     # -- reads -----------------------------------------------------------
 
