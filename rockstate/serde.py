@@ -83,7 +83,7 @@ def encode_value(value: Any, limit: int = DEFAULT_MAX_BYTES) -> bytes:
 def encode_values(values: Iterable[Any], limit: int = DEFAULT_MAX_BYTES) -> list[bytes]:
     pack = _pack
     try:
-        out = [pack(v) for v in values]
+        out = list(map(pack, values))
     except (TypeError, ValueError, OverflowError):
         out = [encode_value(v, limit) for v in values]  # find and name the bad one
     for data in out:

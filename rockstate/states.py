@@ -15,6 +15,7 @@ import numpy as np
 
 from . import keys as keyhash
 from .serde import _pack, decode_key, decode_stream, decode_value, encode_key, encode_keys, encode_value, encode_values, split_pair
+from .errors import InvalidInputError
 from .store.catalog import StateSpec, check_name
 from .store.partition import APPEND, DELETE, DELETE_MANY, DELETE_PREFIX, PUT, PUT_MANY
 
@@ -53,6 +54,8 @@ def prepare_keys(keys: list, partitions: int, limit: int) -> tuple[list[bytes], 
 
 def group_by_partition(pids: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
     """A stable order that groups rows by partition, and the (pid, start, end) of each group in it."""
+    if len(pids) and pids.min() == pids.max():  # one partition: no sort needed
+        return np.arange(len(pids)), [(int(pids[0]), 0, len(pids))]
     order = np.argsort(pids, kind="stable")
     ordered = pids[order]
     cuts = (np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist()
@@ -131,11 +134,13 @@ class ValueState(_State):
         return [default if v is None else unpack(v) for v in flat.tolist()]
 
     def put_many(self, items: Mapping[Any, Any] | Iterable[tuple[Any, Any]]) -> None:
-        pairs = items.items() if isinstance(items, Mapping) else items
-        keys, values = [], []
-        for k, v in pairs:
-            keys.append(k)
-            values.append(v)
+        if isinstance(items, Mapping):
+            keys, values = list(items.keys()), list(items.values())
+        else:
+            columns = list(zip(*items)) or [(), ()]
+            if len(columns) != 2:
+                raise InvalidInputError("put_many takes a mapping or (key, value) pairs")
+            keys, values = list(columns[0]), columns[1]
         evalues = encode_values(values, self._backend.max_value_bytes)
         self._write_many(PUT_MANY, keys, evalues)
 
