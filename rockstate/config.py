@@ -57,3 +57,31 @@ def validate(model: type[M], values: dict[str, Any]) -> M:
             f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']} (got {e.get('input')!r})" for e in exc.errors()
         )
         raise ConfigError(f"invalid {model.__name__}: {problems}") from None
+
+
+class CoordinatorConfig(Settings):
+    """The coordinator process."""
+
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(7700, ge=0, le=65535, description="port to listen on (0: any free port)")
+    data_dir: str = Field("./rockstate-coordinator", description="where the table, membership and catalog are kept")
+    partitions: int = Field(128, ge=1, le=65536, description="P, for a new cluster; an existing one keeps its own")
+    heartbeat_timeout: float = Field(5.0, gt=0, description="seconds of silence after which a node is dead")
+    max_concurrent_migrations: int = Field(2, ge=1, description="partitions moving at once")
+    max_key_bytes: int = Field(16 * MiB, ge=1, description="largest encoded key, for every node")
+    max_value_bytes: int = Field(16 * MiB, ge=1, description="largest encoded value, for every node")
+    secret_file: str | None = Field(None, description="file holding the cluster's shared secret")
+
+
+class NodeConfig(Settings):
+    """A node process."""
+
+    coordinator: str = Field("127.0.0.1:7700", description="the coordinator's host:port")
+    host: str = Field("127.0.0.1", description="address to listen on, and to advertise")
+    port: int = Field(0, ge=0, le=65535, description="port to listen on (0: any free port)")
+    data_dir: str = Field("./rockstate-node", description="the node's partitions and identity")
+    memory_bytes: int = Field(256 * MiB, ge=8 * MiB, description="RocksDB block cache + memtables of all its partitions")
+    heartbeat_interval: float = Field(0.5, gt=0, description="seconds between heartbeats")
+    metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus /metrics port (None: off)")
+    ttl_sweep_interval: float = Field(60.0, gt=0, description="seconds between removals of expired entries")
+    secret_file: str | None = Field(None, description="file holding the cluster's shared secret")

@@ -119,6 +119,12 @@ class ClusterError(RockstateError):
     code = "CLUSTER"
 
 
+class UnknownNodeError(ClusterError):
+    """The coordinator does not know this node id (a node that gets it registers again)."""
+
+    code = "UNKNOWN_NODE"
+
+
 class NotOwnerError(ClusterError):
     """The node does not own the partition (or the request's table epoch is stale)."""
 

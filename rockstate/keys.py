@@ -19,7 +19,9 @@ as a block of its own, instead of being packed into one last word.
 Python keys map to Spark types as: bool -> boolean, int -> bigint (must fit
 in signed 64 bits), float -> double, str -> string, bytes/bytearray ->
 binary, None -> null, tuple -> the columns in order. Numpy scalars count as
-their Python equivalents.
+their Python equivalents. Spark hashes int/smallint/tinyint columns with
+``hashInt`` and float columns with ``floatToIntBits``, so a Spark job that must
+agree with rockstate casts such key columns to bigint / double first.
 
 The vectorized ``partitions_of`` computes the same thing for whole columns
 with numpy on uint32 arrays (wrap-around arithmetic is Java's int arithmetic).
@@ -42,20 +44,19 @@ SEED = 42
 _M32 = 0xFFFFFFFF
 _C1, _C2 = 0xCC9E2D51, 0x1B873593
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_INT32_MAX = 2**31 - 1
 _ALLOWED = "None, bool, int (signed 64-bit), float, str, bytes/bytearray, or a non-empty tuple of those"
+_ALLOWED_COLUMNS = "integer, floating-point, boolean, string or binary values, and nulls"
 _LE_WORD = np.dtype("<u4")
 
 # -- scalar Murmur3 on Python ints (all values kept in 0..2**32-1) -----------
 
 
-def _mix_k1(k: int) -> int:
+def _mix(h: int, k: int) -> int:
+    """Mix block k into running hash h (Murmur3's mixK1, then mixH1), inlined for speed."""
     k = (k * _C1) & _M32
     k = ((k << 15) | (k >> 17)) & _M32
-    return (k * _C2) & _M32
-
-
-def _mix_h1(h: int, k: int) -> int:
-    h ^= k
+    h ^= (k * _C2) & _M32
     h = ((h << 13) | (h >> 19)) & _M32
     return (h * 5 + 0xE6546B64) & _M32
 
@@ -70,8 +71,8 @@ def _fmix(h: int, length: int) -> int:
 
 
 def _hash_long(v: int, h: int) -> int:
-    h = _mix_h1(h, _mix_k1(v & _M32))
-    h = _mix_h1(h, _mix_k1((v >> 32) & _M32))
+    h = _mix(h, v & _M32)
+    h = _mix(h, (v >> 32) & _M32)
     return _fmix(h, 8)
 
 
@@ -79,9 +80,9 @@ def _hash_bytes(b: bytes, h: int) -> int:
     n = len(b)
     aligned = n & ~3
     for word in struct.unpack_from(f"<{aligned >> 2}I", b):
-        h = _mix_h1(h, _mix_k1(word))
+        h = _mix(h, word)
     for byte in b[aligned:]:  # Spark mixes each tail byte as a signed byte
-        h = _mix_h1(h, _mix_k1((byte - 256 if byte > 127 else byte) & _M32))
+        h = _mix(h, (byte - 256 if byte > 127 else byte) & _M32)
     return _fmix(h, n)
 
 
@@ -104,7 +105,7 @@ def _hash_column(v, h: int) -> int:
     if v is None:
         return h
     if isinstance(v, (bool, np.bool_)):  # before int: bool is an int subclass
-        return _fmix(_mix_h1(h, _mix_k1(int(v))), 4)
+        return _fmix(_mix(h, int(v)), 4)
     if isinstance(v, (int, np.integer)):
         v = int(v)
         if not _INT64_MIN <= v <= _INT64_MAX:
@@ -168,14 +169,18 @@ _U_F1, _U_F2 = np.uint32(0x85EBCA6B), np.uint32(0xC2B2AE35)
 
 def _v_mix_k1(k: np.ndarray) -> np.ndarray:
     k = k * _U_C1
-    k = (k << np.uint32(15)) | (k >> np.uint32(17))
+    high = k >> np.uint32(17)
+    k <<= np.uint32(15)
+    k |= high  # rotl(k, 15)
     k *= _U_C2
     return k
 
 
 def _v_mix_h1(h: np.ndarray, k: np.ndarray) -> np.ndarray:
     h = h ^ k
-    h = (h << np.uint32(13)) | (h >> np.uint32(19))
+    high = h >> np.uint32(19)
+    h <<= np.uint32(13)
+    h |= high  # rotl(h, 13)
     h *= _U_5
     h += _U_N
     return h
@@ -196,9 +201,10 @@ def _v_hash_int(v: np.ndarray, h: np.ndarray) -> np.ndarray:
 
 
 def _v_hash_long(v: np.ndarray, h: np.ndarray) -> np.ndarray:
-    words = np.ascontiguousarray(v, dtype="<i8").view(_LE_WORD)  # low word, high word per value
-    h = _v_mix_h1(h, _v_mix_k1(words[0::2]))
-    h = _v_mix_h1(h, _v_mix_k1(words[1::2]))
+    # low word, high word per value; mix_k1 runs on both at once (contiguous is faster)
+    k = _v_mix_k1(np.ascontiguousarray(v, dtype="<i8").view(_LE_WORD))
+    h = _v_mix_h1(h, k[0::2])
+    h = _v_mix_h1(h, k[1::2])
     return _v_fmix(h, np.uint32(8))
 
 
@@ -254,45 +260,53 @@ _V_HASH = {"int": _v_hash_long, "double": _v_hash_double, "bool": _v_hash_int, "
 def _pack(values: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
     """(offsets, data) of byte strings, the layout of an Arrow binary array."""
     offsets = np.zeros(len(values) + 1, dtype=np.int64)
-    np.cumsum([len(v) for v in values], out=offsets[1:])
+    np.cumsum(np.fromiter(map(len, values), np.int64, len(values)), out=offsets[1:])
     return offsets, np.frombuffer(b"".join(values), dtype=np.uint8)
 
 
-def _kind_of(v) -> str | None:
-    if isinstance(v, (bool, np.bool_)):
+def _kind_of(t: type) -> str | None:
+    if issubclass(t, (bool, np.bool_)):
         return "bool"
-    if isinstance(v, (int, np.integer)):
+    if issubclass(t, (int, np.integer)):
         return "int"
-    if isinstance(v, (float, np.floating)):
+    if issubclass(t, (float, np.floating)):
         return "double"
-    if isinstance(v, (str, bytes, bytearray)):  # string and binary hash alike: by their bytes
+    if issubclass(t, (str, bytes, bytearray)):  # string and binary hash alike: by their bytes
         return "bytes"
     return None
 
 
+_FILLER = {"int": 0, "double": 0.0, "bool": False, "bytes": b""}
+_DTYPE = {"int": np.int64, "double": np.float64, "bool": bool}
+
+
 def _from_objects(values: list):
     """Python objects: one kind (plus None) is vectorized, anything else goes row by row."""
-    kinds = {_kind_of(v) for v in values if v is not None}
+    types = set(map(type, values))  # by type, not by value: far cheaper on long columns
+    has_null = type(None) in types
+    kinds = {_kind_of(t) for t in types - {type(None)}}
     if len(kinds) != 1 or None in kinds:
         return "rows", values, None
     kind = kinds.pop()
-    valid = np.array([v is not None for v in values], dtype=bool)
+    valid, filled = None, values
+    if has_null:
+        valid = np.array([v is not None for v in values], dtype=bool)
+        filled = [_FILLER[kind] if v is None else v for v in values]
     if kind == "bytes":
-        return kind, _pack([b"" if v is None else v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in values]), valid
+        return kind, _pack([v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in filled]), valid
     try:
-        dense = np.array([0 if v is None else v for v in values], dtype={"int": np.int64, "double": np.float64, "bool": bool}[kind])
+        return kind, np.array(filled, dtype=_DTYPE[kind]), valid
     except OverflowError:
         return "rows", values, None  # the row path raises, naming the out-of-range int
-    return kind, dense, valid
 
 
 def _from_arrow(arr):
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     t = arr.type
-    valid = arr.is_valid().to_numpy(zero_copy_only=False) if arr.null_count else None
     if pa.types.is_null(t):
         return "null", None, None
+    valid = arr.is_valid().to_numpy(zero_copy_only=False) if arr.null_count else None
     if pa.types.is_integer(t):
         try:
             arr = arr.cast(pa.int64())
@@ -308,7 +322,7 @@ def _from_arrow(arr):
     elif pa.types.is_large_string(t) or pa.types.is_large_binary(t):
         offset_type = np.int64
     else:
-        raise InvalidKeyError(f"unsupported key column type {str(t)!r}; a key column holds {_ALLOWED}", type=str(t))
+        raise InvalidKeyError(f"unsupported key column type {str(t)!r}; a key column holds {_ALLOWED_COLUMNS}", type=str(t))
     _, offset_buf, data_buf = arr.buffers()
     offsets = np.frombuffer(offset_buf, dtype=offset_type)[arr.offset : arr.offset + len(arr) + 1]
     data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
@@ -333,7 +347,7 @@ def _column(col):
         if kind in "US":  # numpy str / bytes arrays
             return "bytes", _pack([v.encode("utf-8") if kind == "U" else v for v in col.tolist()]), None
         if kind != "O":
-            raise InvalidKeyError(f"unsupported key column dtype {col.dtype}; a key column holds {_ALLOWED}", type=str(col.dtype))
+            raise InvalidKeyError(f"unsupported key column dtype {col.dtype}; a key column holds {_ALLOWED_COLUMNS}", type=str(col.dtype))
         col = col.tolist()
     return _from_objects(list(col))
 
@@ -345,10 +359,13 @@ def _is_column(x) -> bool:
 
 
 def partitions_of(columns, partitions: int) -> np.ndarray:
-    """``pmod(hash(col0, col1, ...), partitions)`` per row, as an int64 array.
+    """``pmod(hash(col0, col1, ...), partitions)`` per row, as an int32 array (int64 if P > 2**31-1).
 
     ``columns`` is one column or a list/tuple of columns of equal length; a column
-    is a numpy array, a pyarrow Array/ChunkedArray, or a Python list.
+    is a numpy array, a pyarrow Array/ChunkedArray, a pandas Series or a Python
+    list (so a list of scalars is one column). Nulls (Arrow nulls, None) are
+    skipped per row, as Spark does; a column of mixed Python types is hashed row
+    by row.
     """
     _check_partitions(partitions)
     if isinstance(columns, (list, tuple)) and columns and all(_is_column(c) for c in columns):
@@ -366,4 +383,7 @@ def partitions_of(columns, partitions: int) -> np.ndarray:
         elif kind != "null":
             hashed = _V_HASH[kind](values, h)
             h = hashed if valid is None else np.where(valid, hashed, h)
-    return h.view(np.int32).astype(np.int64) % int(partitions)
+    signed = h.view(np.int32)
+    if partitions <= _INT32_MAX:  # int32 arithmetic is faster; Python's % semantics are pmod
+        return np.remainder(signed, np.int32(partitions))
+    return signed.astype(np.int64) % int(partitions)

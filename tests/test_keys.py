@@ -6,6 +6,7 @@ import struct
 from decimal import Decimal
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pytest
 
@@ -172,6 +173,7 @@ def test_vectorized_equals_scalar(kind):
     dense_want = expected(dense)
     numpy_type = {"bigint": np.int64, "double": np.float64, "boolean": bool, "string": str, "binary": object}[kind]
     assert partitions_of(np.array(dense, dtype=numpy_type), P).tolist() == dense_want
+    assert partitions_of(pd.Series(dense), P).tolist() == dense_want  # (pandas turns None in numbers into NaN)
 
 
 def test_vectorized_large_arrow_types_and_narrow_ints():

@@ -206,6 +206,29 @@ class Partition:
             size += len(key) + len(value)
         return n, size
 
+    # -- raw entries, for moving a partition between nodes ------------------
+
+    def dump(self, state: str, after: bytes | None = None, limit: int = 5000) -> list[tuple[bytes, bytes]]:
+        """Stored entries as they are on disk (TTL headers included, expired ones too), in key order."""
+        out = []
+        it = self._family(state).iter()
+        it.seek(after) if after is not None else it.seek_to_first()
+        if after is not None and it.valid() and it.key() == after:
+            it.next()
+        while it.valid() and len(out) < limit:
+            out.append((it.key(), it.value()))
+            it.next()
+        return out
+
+    def load(self, state: str, entries: list[tuple[bytes, bytes]]) -> None:
+        """Write entries from ``dump`` as they are."""
+        with self.lock:
+            self._family(state)
+            handle, batch = self._handles[state], WriteBatch(raw_mode=True)
+            for key, value in entries:
+                batch.put(key, value, handle)
+            self._open().write(batch)
+
     # -- maintenance -----------------------------------------------------
 
     def sweep_expired(self, state: str, batch_size: int = 1000, should_stop: Callable[[], bool] = lambda: False) -> int:

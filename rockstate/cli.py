@@ -1,0 +1,112 @@
+"""The ``rockstate`` command: coordinator, node, status, demo."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+
+from .config import CoordinatorConfig, NodeConfig, load
+from .errors import RockstateError
+
+
+def _settings(args: argparse.Namespace, model) -> dict:
+    return {name: getattr(args, name) for name in model.model_fields if getattr(args, name, None) is not None}
+
+
+def _add_fields(parser: argparse.ArgumentParser, model, skip: tuple[str, ...] = ()) -> None:
+    """One --flag per config field, with its description and default as help."""
+    parser.add_argument("--config", help="YAML file of settings (flags override it)")
+    for name, field in model.model_fields.items():
+        if name in skip:
+            continue
+        kind = {int: int, float: float}.get(field.annotation, str)
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, default=None,
+                            help=f"{field.description} (default: {field.default})")
+
+
+def cmd_coordinator(args: argparse.Namespace) -> None:
+    from .cluster.coordinator import run_coordinator
+
+    asyncio.run(run_coordinator(load(CoordinatorConfig, args.config, **_settings(args, CoordinatorConfig))))
+
+
+def cmd_node(args: argparse.Namespace) -> None:
+    from .cluster.node import run_node
+
+    asyncio.run(run_node(load(NodeConfig, args.config, **_settings(args, NodeConfig))))
+
+
+def cmd_status(args: argparse.Namespace) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .cluster.client import ClusterBackend
+
+    backend = ClusterBackend(args.coordinator, retry_timeout=5.0)
+    try:
+        status = backend.status()
+    finally:
+        backend.close()
+    if args.json:
+        print(json.dumps(status, indent=1))
+        return
+    console = Console()
+    console.print(f"cluster at {args.coordinator}: {status['partitions']} partitions, table epoch {status['epoch']}, "
+                  f"{status['states']} states, {status['unassigned']} partitions unassigned")
+    table = Table("node", "address", "status", "partitions", "last heartbeat (s ago)")
+    for n in status["nodes"]:
+        table.add_row(n["node_id"], n["address"], n["status"], str(n["partitions"]), f"{n['last_seen']:.1f}")
+    console.print(table)
+    if status["events"]:
+        events = Table("recent events", "details")
+        for e in status["events"][-10:]:
+            events.add_row(e["event"], ", ".join(f"{k}={v}" for k, v in e.items() if k not in ("event", "time")))
+        console.print(events)
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    from .demo import main as demo
+
+    sys.exit(demo(args))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rockstate", description="Distributed RocksDB-backed keyed state for PySpark pipelines")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("coordinator", help="run the coordinator (membership, partition table, checkpoints)")
+    _add_fields(p, CoordinatorConfig)
+    p.set_defaults(func=cmd_coordinator)
+
+    p = sub.add_parser("node", help="run a node that owns and serves partitions")
+    _add_fields(p, NodeConfig)
+    p.set_defaults(func=cmd_node)
+
+    p = sub.add_parser("status", help="show nodes, partitions per node, the table epoch and recent events")
+    p.add_argument("--coordinator", default="127.0.0.1:7700", help="the coordinator's host:port (default: 127.0.0.1:7700)")
+    p.add_argument("--json", action="store_true", help="print the raw status as JSON")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("demo", help="run the demo end to end")
+    p.add_argument("--path", default=None, help="where to keep the demo's store (default: a temporary directory)")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        args.func(args)
+    except RockstateError as e:
+        print(f"rockstate: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

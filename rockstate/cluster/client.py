@@ -1,0 +1,154 @@
+"""The routing client: the state handles' backend over a cluster.
+
+It caches the partition table, sends a batch as one request per owner (all
+owners at once, see ``call_many``), and on NOT_OWNER, a moving partition or a
+lost connection refreshes the table and retries the groups that failed, until
+``retry_timeout``; then it raises a ``ClusterTimeoutError`` naming the last
+error. Synchronous and thread-safe: it runs inside Spark executors.
+
+Retries: reads, scans, PUT and DELETE are idempotent. An APPEND whose reply
+was lost may be applied twice (at-least-once).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from typing import Any, Callable
+
+from ..api import Rockstate
+from ..errors import ClusterTimeoutError, PartitionUnavailableError, RockstateError
+from ..rpc.client import Channel, call_many
+from ..store import StateSpec
+from . import protocol as p
+from .table import Table
+
+BACKOFF = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
+
+
+class ClusterBackend:
+    def __init__(self, address: str, *, timeout: float = 30.0, retry_timeout: float = 30.0, secret: bytes | None = None) -> None:
+        self.address = address
+        self.retry_timeout = retry_timeout
+        self._timeout = timeout
+        self._secret = secret
+        self._coordinator = Channel(address, timeout=timeout, secret=secret, name="client")
+        self._channels: dict[str, Channel] = {}
+        self._lock = threading.Lock()
+        self.table: Table = self._fetch_table()
+        self.partitions = self.table.partitions
+
+    # -- table and channels --------------------------------------------------
+
+    def _fetch_table(self) -> Table:
+        reply = self._coordinator.call(p.GetTable())
+        self.max_key_bytes = reply["limits"]["max_key_bytes"]
+        self.max_value_bytes = reply["limits"]["max_value_bytes"]
+        return Table.from_wire(reply)
+
+    def refresh(self) -> Table:
+        table = self._fetch_table()
+        with self._lock:
+            if table.epoch > self.table.epoch:
+                self.table = table
+            return self.table
+
+    def _channel(self, address: str) -> Channel:
+        with self._lock:
+            channel = self._channels.get(address)
+            if channel is None:
+                channel = self._channels[address] = Channel(address, timeout=self._timeout, secret=self._secret, name="client")
+            return channel
+
+    def _routed(self, groups: dict[int, Any], make: Callable[[int, list], p.Write | p.Read]) -> dict[int, Any]:
+        """Send each partition's group to its owner, one request per owner; retry what failed."""
+        results: dict[int, Any] = {}
+        pending = dict(groups)
+        deadline = time.monotonic() + self.retry_timeout
+        attempt = 0
+        while pending:
+            table = self.table
+            by_owner: dict[str | None, list[int]] = {}
+            for pid in pending:
+                by_owner.setdefault(table.owner_address(pid), []).append(pid)
+            last_error: RockstateError | None = None
+            unowned = by_owner.pop(None, [])
+            if unowned:
+                last_error = PartitionUnavailableError(f"partitions {unowned[:5]} have no live owner")
+            owners = list(by_owner.items())
+            calls = [(self._channel(addr), make(table.epoch, [[pid, pending[pid]] for pid in pids])) for addr, pids in owners]
+            for (addr, pids), answer in zip(owners, call_many(calls)):
+                if isinstance(answer, RockstateError):
+                    if not answer.retryable:
+                        raise answer
+                    last_error = answer
+                    continue
+                for pid, value in zip(pids, answer if answer is not None else [None] * len(pids)):
+                    results[pid] = value
+                    del pending[pid]
+            if pending:
+                self._back_off(deadline, attempt, last_error, sorted(pending))
+                attempt += 1
+        return results
+
+    def _back_off(self, deadline: float, attempt: int, error: RockstateError | None, pids: list[int]) -> None:
+        """Wait a little and refresh the table, or give up once the deadline has passed."""
+        if time.monotonic() > deadline:
+            raise ClusterTimeoutError(
+                f"gave up after {self.retry_timeout:g}s on partitions {pids[:8]}: {error}", partitions=pids[:64]
+            )
+        time.sleep(BACKOFF[min(attempt, len(BACKOFF) - 1)])
+        try:
+            self.refresh()
+        except RockstateError as e:
+            if not e.retryable:
+                raise
+
+    # -- the Backend protocol --------------------------------------------------
+
+    def define_state(self, spec: StateSpec) -> StateSpec:
+        return StateSpec.from_dict(self._coordinator.call(p.DefineState(spec=spec.to_dict())))
+
+    def write(self, ops_by_pid: dict[int, list]) -> None:
+        self._routed(ops_by_pid, lambda epoch, groups: p.Write(epoch=epoch, groups=groups))
+
+    def get_many(self, state: str, keys_by_pid: dict[int, list[bytes]]) -> dict[int, list[bytes | None]]:
+        return self._routed(keys_by_pid, lambda epoch, groups: p.Read(epoch=epoch, state=state, groups=groups))
+
+    def scan(self, state: str, pid: int, prefix: bytes, after: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
+        deadline = time.monotonic() + self.retry_timeout
+        for attempt in itertools.count():
+            table = self.table
+            address = table.owner_address(pid)
+            try:
+                if address is None:
+                    raise PartitionUnavailableError(f"partition {pid} has no live owner", partition=pid)
+                msg = p.Scan(epoch=table.epoch, partition=pid, state=state, prefix=prefix, after=after, limit=limit)
+                return [tuple(entry) for entry in self._channel(address).call(msg)]
+            except RockstateError as e:
+                if not e.retryable:
+                    raise
+                self._back_off(deadline, attempt, e, [pid])
+        raise AssertionError("unreachable")
+
+    def count(self, state: str) -> int:
+        return self._coordinator.call(p.Count(state=state))
+
+    def stats(self) -> dict:
+        return self._coordinator.call(p.ClusterStats())
+
+    def status(self) -> dict:
+        return self._coordinator.call(p.Status())
+
+    def close(self) -> None:
+        self._coordinator.close()
+        with self._lock:
+            for channel in self._channels.values():
+                channel.close()
+            self._channels.clear()
+
+
+def connect(address: str, **options: Any) -> Rockstate:
+    """A client of the cluster whose coordinator is at ``address`` ("host:port")."""
+    return Rockstate(ClusterBackend(address, **options))

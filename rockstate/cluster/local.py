@@ -1,0 +1,308 @@
+"""LocalCluster: a coordinator and N nodes on 127.0.0.1, for tests, demos and trying things out.
+
+With ``processes=True`` (the default) each is a separate OS process running
+the ``rockstate`` CLI; ``kill_node`` is a real SIGKILL. With
+``processes=False`` they all run on one asyncio loop in a thread of this
+process: faster to start, for tests that do not need real process deaths.
+Either way, leaving the ``with`` block stops everything that was started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..api import Rockstate
+from ..config import CoordinatorConfig, NodeConfig
+from ..errors import ClusterError
+from ..store.store import read_json
+from .client import ClusterBackend, connect
+from .coordinator import Coordinator
+from .node import Node
+
+START_TIMEOUT = 60.0
+
+
+@dataclass
+class NodeInfo:
+    node_id: str
+    address: str
+    pid: int
+    data_dir: str
+
+
+def wait_until(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise ClusterError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+class LocalCluster:
+    def __init__(
+        self,
+        nodes: int = 3,
+        partitions: int = 16,
+        root: str | None = None,
+        *,
+        processes: bool = True,
+        heartbeat_timeout: float = 3.0,
+        node_memory_bytes: int = 64 << 20,
+    ) -> None:
+        self.partitions = partitions
+        self._initial_nodes = nodes
+        self._own_root = root is None
+        self.root = os.path.abspath(root or tempfile.mkdtemp(prefix="rockstate-cluster-"))
+        self.heartbeat_timeout = heartbeat_timeout
+        self.node_memory_bytes = node_memory_bytes
+        self.processes = processes
+        self._runner = _ProcessRunner(self.root) if processes else _ThreadRunner()
+        self._node_dirs: dict[str, str] = {}  # node id -> data dir
+        self._next_dir = 0
+        self.address = ""
+
+    # -- life cycle --------------------------------------------------------
+
+    def start(self) -> "LocalCluster":
+        try:
+            self.address = self._runner.start_coordinator(CoordinatorConfig(
+                host="127.0.0.1", port=0, data_dir=os.path.join(self.root, "coordinator"),
+                partitions=self.partitions, heartbeat_timeout=self.heartbeat_timeout,
+            ))
+            for _ in range(self._initial_nodes):
+                self.add_node(wait=False)
+            self.wait_balanced()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        self._runner.close()
+        if self._own_root:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> "LocalCluster":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- clients -----------------------------------------------------------
+
+    def connect(self, **options: Any) -> Rockstate:
+        return connect(self.address, **options)
+
+    def status(self) -> dict:
+        backend = ClusterBackend(self.address)
+        try:
+            return backend.status()
+        finally:
+            backend.close()
+
+    def wait_balanced(self, timeout: float = START_TIMEOUT) -> dict:
+        """Wait until every partition is owned by a live node and the table is balanced."""
+
+        def balanced():
+            status = self.status()
+            alive = [n for n in status["nodes"] if n["status"] == "alive"]
+            counts = [n["partitions"] for n in alive]
+            held = sum(counts) == status["partitions"]
+            return status if alive and held and max(counts) - min(counts) <= 1 else None
+
+        return wait_until(balanced, timeout, "a balanced partition table")
+
+    # -- nodes -------------------------------------------------------------
+
+    def add_node(self, wait: bool = True) -> NodeInfo:
+        data_dir = os.path.join(self.root, f"node{self._next_dir}")
+        self._next_dir += 1
+        info = self._start_node(data_dir)
+        if wait:
+            self.wait_balanced()
+        return info
+
+    def _start_node(self, data_dir: str) -> NodeInfo:
+        config = NodeConfig(
+            coordinator=self.address, host="127.0.0.1", port=0, data_dir=data_dir,
+            memory_bytes=self.node_memory_bytes, heartbeat_interval=min(0.5, self.heartbeat_timeout / 5),
+        )
+        info = self._runner.start_node(config)
+        self._node_dirs[info.node_id] = data_dir
+        return info
+
+    def nodes(self) -> list[NodeInfo]:
+        return self._runner.running()
+
+    def node(self, node_id: str) -> NodeInfo:
+        for info in self.nodes():
+            if info.node_id == node_id:
+                return info
+        raise ClusterError(f"no running node {node_id!r}; running: {[n.node_id for n in self.nodes()]}")
+
+    def stop_node(self, node_id: str, timeout: float = 120.0) -> None:
+        """Graceful: the node hands its partitions to the others, then exits."""
+        self._runner.stop_node(self.node(node_id), timeout)
+
+    def kill_node(self, node_id: str) -> None:
+        """SIGKILL (or, in-process, an abrupt stop): no goodbye, partitions stay on its disk."""
+        self._runner.kill_node(self.node(node_id))
+
+    def restart_node(self, node_id: str) -> NodeInfo:
+        """Start a stopped or killed node again, with its data directory and id."""
+        return self._start_node(self._node_dirs[node_id])
+
+
+class _ProcessRunner:
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.logs = os.path.join(root, "logs")
+        os.makedirs(self.logs, exist_ok=True)
+        self.coordinator: subprocess.Popen | None = None
+        self.procs: dict[str, tuple[subprocess.Popen, NodeInfo]] = {}
+
+    def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen:
+        log = open(os.path.join(self.logs, log_name), "ab")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        try:
+            return subprocess.Popen([sys.executable, "-m", "rockstate.cli", *args], stdout=log, stderr=subprocess.STDOUT, env=env)
+        finally:
+            log.close()
+
+    def _address_of(self, proc: subprocess.Popen, data_dir: str, what: str) -> dict:
+        path = os.path.join(data_dir, "address.json")
+
+        def ready():
+            if proc.poll() is not None:
+                raise ClusterError(f"{what} exited with code {proc.returncode} while starting; see logs in {self.logs}")
+            info = read_json(path)
+            return info if info and info.get("pid") == proc.pid else None
+
+        return wait_until(ready, START_TIMEOUT, f"{what} to start")
+
+    def start_coordinator(self, config: CoordinatorConfig) -> str:
+        self.coordinator = self._spawn(
+            ["coordinator", "--host", config.host, "--port", "0", "--data-dir", config.data_dir,
+             "--partitions", str(config.partitions), "--heartbeat-timeout", str(config.heartbeat_timeout)],
+            "coordinator.log",
+        )
+        return self._address_of(self.coordinator, config.data_dir, "the coordinator")["address"]
+
+    def start_node(self, config: NodeConfig) -> NodeInfo:
+        proc = self._spawn(
+            ["node", "--coordinator", config.coordinator, "--host", config.host, "--port", "0",
+             "--data-dir", config.data_dir, "--memory-bytes", str(config.memory_bytes),
+             "--heartbeat-interval", str(config.heartbeat_interval)],
+            f"{os.path.basename(config.data_dir)}.log",
+        )
+        try:
+            found = self._address_of(proc, config.data_dir, f"node in {config.data_dir}")
+        except BaseException:
+            _kill(proc)
+            raise
+        info = NodeInfo(found["node_id"], found["address"], proc.pid, config.data_dir)
+        self.procs[info.node_id] = (proc, info)
+        return info
+
+    def running(self) -> list[NodeInfo]:
+        return [info for proc, info in self.procs.values() if proc.poll() is None]
+
+    def stop_node(self, info: NodeInfo, timeout: float) -> None:
+        proc, _ = self.procs.pop(info.node_id)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            raise ClusterError(f"node {info.node_id} did not leave within {timeout:g}s; killed") from None
+
+    def kill_node(self, info: NodeInfo) -> None:
+        proc, _ = self.procs.pop(info.node_id)
+        _kill(proc)
+
+    def close(self) -> None:
+        for proc, _ in self.procs.values():
+            _kill(proc)
+        self.procs.clear()
+        if self.coordinator is not None:
+            self.coordinator.terminate()
+            try:
+                self.coordinator.wait(10)
+            except subprocess.TimeoutExpired:
+                _kill(self.coordinator)
+            self.coordinator = None
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+class _ThreadRunner:
+    """Everything on one asyncio loop in a daemon thread of this process."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="rockstate-local-cluster", daemon=True)
+        self.thread.start()
+        self.coordinator: Coordinator | None = None
+        self.nodes: dict[str, Node] = {}
+
+    def _run(self, coro, timeout: float = START_TIMEOUT):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def start_coordinator(self, config: CoordinatorConfig) -> str:
+        async def start():
+            self.coordinator = Coordinator(config)
+            await self.coordinator.start()
+            return self.coordinator.address
+
+        return self._run(start())
+
+    def start_node(self, config: NodeConfig) -> NodeInfo:
+        async def start():
+            node = Node(config)
+            await node.start()
+            return node
+
+        node = self._run(start())
+        self.nodes[node.node_id] = node
+        return NodeInfo(node.node_id, node.address, os.getpid(), node.data_dir)
+
+    def running(self) -> list[NodeInfo]:
+        return [NodeInfo(n.node_id, n.address, os.getpid(), n.data_dir) for n in self.nodes.values()]
+
+    def stop_node(self, info: NodeInfo, timeout: float) -> None:
+        self._run(self.nodes.pop(info.node_id).leave(), timeout)
+
+    def kill_node(self, info: NodeInfo) -> None:
+        self._run(self.nodes.pop(info.node_id).stop())
+
+    def close(self) -> None:
+        async def stop_all():
+            for node in self.nodes.values():
+                await node.stop()
+            if self.coordinator is not None:
+                await self.coordinator.stop()
+
+        try:
+            self._run(stop_all())
+        finally:
+            self.nodes.clear()
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
+            self.loop.close()

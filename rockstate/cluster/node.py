@@ -1,0 +1,251 @@
+"""A node: serves the partitions it owns, heartbeats to the coordinator.
+
+Ownership. The node keeps ``owned``: partition -> the table epoch at which it
+became the owner. A data request for a partition not in ``owned``, or whose
+epoch is older than that, gets NOT_OWNER with the node's table epoch; the
+client refreshes its table and retries. A frozen partition (about to move)
+makes writes wait until it is unfrozen or gone; reads go on.
+
+Identity. The node's id is kept in ``<data_dir>/node.json``, so a restarted
+node re-registers as itself and finds its partitions on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+from ..config import NodeConfig, StoreConfig
+from ..errors import ClusterError, NotOwnerError, PartitionUnavailableError, RockstateError, UnknownNodeError
+from ..rpc.client import AsyncChannel
+from ..rpc.server import Server
+from ..store import StateSpec, Store
+from ..store.store import read_json, write_json
+from . import protocol as p
+from .metrics import NodeMetrics
+from .table import Table
+
+log = logging.getLogger(__name__)
+
+FREEZE_WAIT = 10.0  # longest a write waits for a moving partition before the client retries
+
+
+class Node:
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.data_dir = os.path.abspath(config.data_dir)
+        os.makedirs(self.data_dir, exist_ok=True)
+        self.node_id: str | None = (read_json(self._identity_path, {}) or {}).get("node_id")
+        self.store: Store | None = None
+        self.table: Table | None = None
+        self.owned: dict[int, int] = {}
+        self.frozen: dict[int, asyncio.Event] = {}
+        self.metrics = NodeMetrics()
+        self.handlers = {
+            p.Write: self.write,
+            p.Read: self.read,
+            p.Scan: self.scan,
+            p.NodeStats: self.stats,
+            p.NodeCount: self.count,
+            p.NodeDefineState: self.define_state,
+            p.ApplyTable: self.apply_table,
+            p.Freeze: self.freeze,
+            p.Pull: self.pull,
+            p.Dump: self.dump,
+        }
+        self.server = Server(self.metrics.timed(self.handlers), config.host, config.port, name="node")
+        self.coordinator = AsyncChannel(config.coordinator, name="node", timeout=30.0)
+        self._heartbeat: asyncio.Task | None = None
+        self._table_lock = asyncio.Lock()
+        self.stopped = asyncio.Event()
+
+    @property
+    def _identity_path(self) -> str:
+        return os.path.join(self.data_dir, "node.json")
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    # -- life cycle --------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.server.start()
+        reply = await self._register()
+        self.node_id = reply["node_id"]
+        write_json(self._identity_path, {"node_id": self.node_id})
+        store_config = StoreConfig(
+            partitions=reply["partitions"],
+            memory_bytes=self.config.memory_bytes,
+            max_key_bytes=reply["limits"]["max_key_bytes"],
+            max_value_bytes=reply["limits"]["max_value_bytes"],
+            ttl_sweep_interval=self.config.ttl_sweep_interval,
+        )
+        self.store = Store(os.path.join(self.data_dir, "store"), store_config, owned=[])
+        for spec in reply["states"]:
+            self.store.define_state(StateSpec.from_dict(spec))
+        await self._apply(Table.from_wire(reply["table"]))
+        if self.config.metrics_port is not None:
+            self.metrics.serve(self.config.host, self.config.metrics_port)
+        self._heartbeat = asyncio.create_task(self._heartbeat_loop())
+        write_json(os.path.join(self.data_dir, "address.json"), {"address": self.address, "node_id": self.node_id, "pid": os.getpid()})
+        log.info("node %s serving on %s", self.node_id, self.address)
+
+    async def _register(self) -> dict:
+        while True:  # the coordinator may not be up yet
+            try:
+                return await self.coordinator.call(p.Register(address=self.address, node_id=self.node_id))
+            except RockstateError as e:
+                if not e.retryable:
+                    raise
+                await asyncio.sleep(0.2)
+
+    async def leave(self) -> None:
+        """Hand every partition to the other nodes, then stop."""
+        try:
+            await self.coordinator.call(p.Leave(node_id=self.node_id), timeout=600.0)
+        except RockstateError as e:
+            log.error("could not hand partitions over before stopping: %s", e)
+        finally:
+            await self.stop()
+
+    async def stop(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+        await self.server.stop()
+        await self.coordinator.close()
+        if self.store is not None:
+            self.store.close()
+        self.metrics.close()
+        self.stopped.set()
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.heartbeat_interval)
+            try:
+                epoch = await self.coordinator.call(p.Heartbeat(node_id=self.node_id, epoch=self.table.epoch), timeout=5.0)
+                if epoch > self.table.epoch:
+                    await self._apply(Table.from_wire(await self.coordinator.call(p.GetTable())))
+            except UnknownNodeError:  # it forgot us (we had left): join again
+                await self._register()
+            except RockstateError as e:
+                log.warning("heartbeat to %s failed: %s", self.config.coordinator, e)
+
+    # -- the table -----------------------------------------------------------
+
+    async def apply_table(self, msg: p.ApplyTable, conn) -> int:
+        await self._apply(Table.from_wire(msg.table))
+        return self.table.epoch
+
+    async def _apply(self, table: Table) -> None:
+        async with self._table_lock:
+            if self.table is not None and table.epoch <= self.table.epoch:
+                return
+            mine = {pid: table.since[pid] for pid in table.owned_by(self.node_id)}
+            for pid in set(self.owned) - set(mine):
+                self.owned.pop(pid)
+                self.store.close_partition(pid, drop=True)
+                self._unfreeze(pid)
+            for pid in set(mine) - set(self.owned):
+                self.store.open_partition(pid)
+            self.owned = mine
+            self.table = table
+            self.metrics.partitions.set(len(mine))
+
+    def _check(self, pid: object, epoch: int) -> int:
+        pid = self.store.check_pid(pid)
+        since = self.owned.get(pid)
+        if since is None or epoch < since:
+            owner = self.table.owners[pid]
+            raise NotOwnerError(
+                f"node {self.node_id} does not own partition {pid} at epoch {epoch} (owner: {owner}, table epoch {self.table.epoch})",
+                partition=pid, epoch=self.table.epoch,
+            )
+        return pid
+
+    # -- data ----------------------------------------------------------------
+
+    async def write(self, msg: p.Write, conn) -> None:
+        for pid, _ in msg.groups:
+            while pid in self.frozen:
+                try:
+                    await asyncio.wait_for(self.frozen[pid].wait(), FREEZE_WAIT)
+                except TimeoutError:
+                    raise PartitionUnavailableError(f"partition {pid} is moving; retry", partition=pid) from None
+        groups = [(self._check(pid, msg.epoch), ops) for pid, ops in msg.groups]  # all checked before any applies
+        for pid, ops in groups:
+            self.store.write(pid, ops)
+            self.metrics.keys_written.inc(sum(len(op[2]) if op[0] in (4, 5) else 1 for op in ops))
+
+    async def read(self, msg: p.Read, conn) -> list:
+        groups = [(self._check(pid, msg.epoch), keys) for pid, keys in msg.groups]
+        self.metrics.keys_read.inc(sum(len(keys) for _, keys in groups))
+        return [self.store.get_many(pid, msg.state, keys) for pid, keys in groups]
+
+    async def scan(self, msg: p.Scan, conn) -> list:
+        pid = self._check(msg.partition, msg.epoch)
+        return self.store.scan(pid, msg.state, msg.prefix, msg.after, msg.limit)
+
+    async def stats(self, msg: p.NodeStats, conn) -> dict:
+        return self.store.stats(list(self.owned))
+
+    async def count(self, msg: p.NodeCount, conn) -> int:
+        return sum(self.store.partition(pid).count(msg.state)[0] for pid in list(self.owned))
+
+    async def define_state(self, msg: p.NodeDefineState, conn) -> dict:
+        return self.store.define_state(StateSpec.from_dict(msg.spec)).to_dict()
+
+    # -- moving partitions ---------------------------------------------------
+
+    async def freeze(self, msg: p.Freeze, conn) -> None:
+        if msg.frozen:
+            self.frozen.setdefault(msg.partition, asyncio.Event())
+        else:
+            self._unfreeze(msg.partition)
+
+    def _unfreeze(self, pid: int) -> None:
+        event = self.frozen.pop(pid, None)
+        if event is not None:
+            event.set()
+
+    async def pull(self, msg: p.Pull, conn) -> int:
+        """Copy every state of a partition from its owner into a fresh local copy."""
+        pid = self.store.check_pid(msg.partition)
+        if pid in self.owned:
+            raise ClusterError(f"node {self.node_id} already owns partition {pid}")
+        self.store.close_partition(pid, drop=True)
+        part = self.store.open_partition(pid)
+        source = AsyncChannel(msg.source, name="node", timeout=60.0)
+        copied = 0
+        try:
+            for state in list(self.store.specs):
+                after = None
+                while True:
+                    page = await source.call(p.Dump(partition=pid, state=state, after=after))
+                    part.load(state, page)
+                    copied += sum(len(k) + len(v) for k, v in page)
+                    if len(page) < p.Dump.limit:
+                        break
+                    after = page[-1][0]
+        finally:
+            await source.close()
+        return copied
+
+    async def dump(self, msg: p.Dump, conn) -> list:
+        pid = self.store.check_pid(msg.partition)
+        if pid not in self.owned:
+            raise NotOwnerError(f"node {self.node_id} does not own partition {pid}", partition=pid, epoch=self.table.epoch)
+        return self.store.partition(pid).dump(msg.state, msg.after, msg.limit)
+
+
+async def run_node(config: NodeConfig) -> None:
+    """Run until cancelled or SIGTERM (which leaves the cluster gracefully)."""
+    import signal
+
+    node = Node(config)
+    await node.start()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, lambda: asyncio.ensure_future(node.leave()))
+    loop.add_signal_handler(signal.SIGINT, lambda: asyncio.ensure_future(node.leave()))
+    await node.stopped.wait()

@@ -1,0 +1,147 @@
+"""The cluster's operations: one message class per operation, by role.
+
+Data operations name the client's table ``epoch``: a node refuses (NOT_OWNER)
+a request for a partition it does not own, or whose epoch is older than the
+epoch at which the node became the partition's owner (fencing clients that
+still route by a table from before a move). Reads and scans are safe to
+retry; a ``Write`` is idempotent for PUT/DELETE ops and not for APPEND.
+"""
+
+from __future__ import annotations
+
+from ..rpc.messages import Message
+
+# -- served by a node: data ----------------------------------------------------
+
+
+class Write(Message):
+    """Apply ops to several partitions of one owner: ``groups`` is [[pid, ops], ...]; each group is atomic."""
+
+    op = "write"
+    epoch: int
+    groups: list
+
+
+class Read(Message):
+    """Read keys of one state from several partitions: ``groups`` is [[pid, keys], ...]; answers [[values], ...]."""
+
+    op = "read"
+    epoch: int
+    state: str
+    groups: list
+
+
+class Scan(Message):
+    """A page of live entries of a partition with a key prefix, after a key: [[key, value], ...]."""
+
+    op = "scan"
+    epoch: int
+    partition: int
+    state: str
+    prefix: bytes = b""
+    after: bytes | None = None
+    limit: int = 1000
+
+
+# -- served by a node: asked by the coordinator -----------------------------------
+
+
+class NodeStats(Message):
+    """Entries and bytes per state and per owned partition."""
+
+    op = "node_stats"
+
+
+class NodeCount(Message):
+    """Live entries of a state across the node's partitions."""
+
+    op = "node_count"
+    state: str
+
+
+class NodeDefineState(Message):
+    op = "node_define_state"
+    spec: dict
+
+
+class ApplyTable(Message):
+    """The current table: the node opens partitions it now owns and drops those it no longer does."""
+
+    op = "apply_table"
+    table: dict
+
+
+class Freeze(Message):
+    """Stop writes to a partition that is about to move (reads go on); ``frozen=False`` lifts it."""
+
+    op = "freeze"
+    partition: int
+    frozen: bool = True
+
+
+class Pull(Message):
+    """Copy a partition from its current owner (at ``source``) into this node; answers bytes copied."""
+
+    op = "pull"
+    partition: int
+    source: str
+
+
+class Dump(Message):
+    """A page of raw stored entries of one state of a partition (TTL headers included), for a move."""
+
+    op = "dump"
+    partition: int
+    state: str
+    after: bytes | None = None
+    limit: int = 5000
+
+
+# -- served by the coordinator ---------------------------------------------------
+
+
+class Register(Message):
+    """A node joins (or rejoins with its id); answers node_id, table, states."""
+
+    op = "register"
+    address: str
+    node_id: str | None = None
+
+
+class Heartbeat(Message):
+    """A node is alive; answers the current table epoch, so the node knows when to fetch it."""
+
+    op = "heartbeat"
+    node_id: str
+    epoch: int
+
+
+class Leave(Message):
+    """A node leaves gracefully: its partitions move away first; answers when they have."""
+
+    op = "leave"
+    node_id: str
+
+
+class GetTable(Message):
+    op = "get_table"
+
+
+class DefineState(Message):
+    op = "define_state"
+    spec: dict
+
+
+class ClusterStats(Message):
+    op = "cluster_stats"
+
+
+class Count(Message):
+    op = "count"
+    state: str
+
+
+class Status(Message):
+    """Nodes, partitions per node, epoch, recent events."""
+
+    op = "status"

@@ -1,0 +1,13 @@
+"""RPC: msgpack frames over asyncio streams and blocking sockets, generic over operations.
+
+The cluster layer defines its operations as ``Message`` subclasses and serves
+them with a ``Server`` per role; clients call them through ``Channel``
+(blocking), ``call_many`` (one round trip to several servers) or ``AsyncChannel``.
+"""
+
+from .client import AsyncChannel, Channel, call_many
+from .frames import MAX_FRAME
+from .messages import PROTOCOL_VERSION, Message
+from .server import Connection, Server
+
+__all__ = ["AsyncChannel", "Channel", "Connection", "MAX_FRAME", "Message", "PROTOCOL_VERSION", "Server", "call_many"]

@@ -1,0 +1,333 @@
+"""Clients: the blocking ``Channel`` and ``call_many`` (executors), the asyncio ``AsyncChannel`` (servers).
+
+Both raise a server's error as the same rockstate type. Transport failures
+raise ``ConnectionLostError`` or ``ClusterTimeoutError`` (both retryable): the
+request may or may not have run. Each request carries its timeout to the
+server as a deadline; the client waits ``REPLY_GRACE`` longer so the server's
+own timeout reply usually wins and the connection stays usable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import select
+import socket
+import ssl as _ssl
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from rockstate.errors import (
+    ClusterTimeoutError,
+    ConnectionLostError,
+    ProtocolError,
+    RockstateError,
+    StoreClosedError,
+)
+
+from . import auth
+from .frames import MAX_FRAME, encode, read_frame, read_frame_sync, write_frame
+from .messages import PROTOCOL_VERSION, Challenge, Hello, Message, Welcome, parse_reply, request
+
+REPLY_GRACE = 0.1
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _transport_error(address: str, e: BaseException, waited: float) -> BaseException:
+    """What to raise for an I/O failure: a bad frame as itself, a socket failure as a retryable error."""
+    if isinstance(e, ProtocolError) or not isinstance(e, OSError):
+        return e
+    if isinstance(e, TimeoutError):
+        return ClusterTimeoutError(f"no reply from {address} within {waited:g}s", address=address)
+    return ConnectionLostError(f"connection to {address} failed: {e}", address=address)
+
+
+def _hello(name: str) -> Hello:
+    return Hello(version=PROTOCOL_VERSION, name=name)
+
+
+def _welcomed(reply: Any) -> None:
+    if not isinstance(reply, Welcome):
+        raise ProtocolError(f"expected a welcome, got {reply!r}")
+
+
+class _Connection:
+    """One blocking socket with its handshake done, used by one thread at a time."""
+
+    def __init__(self, address: str, timeout: float, ssl: _ssl.SSLContext | None,
+                 secret: auth.Secret | None, name: str, max_frame: int) -> None:
+        self.address, self.closed, self.busy, self._max_frame = address, False, False, max_frame
+        host, port = split_address(address)
+        sock = None
+        try:
+            sock = socket.create_connection((host, port), timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._sock = ssl.wrap_socket(sock, server_hostname=host) if ssl else sock
+        except OSError as e:
+            if sock is not None:
+                sock.close()
+            raise _transport_error(address, e, timeout) from e
+        self._stream = self._sock.makefile("rb")
+        self._poll = select.poll()
+        self._poll.register(self._sock, select.POLLIN)
+        self._ids = itertools.count()
+        try:
+            reply = self.call(_hello(name), timeout)
+            if isinstance(reply, Challenge):
+                reply = self.call(auth.answer(secret, reply), timeout)
+            _welcomed(reply)
+        except BaseException:
+            self.close()
+            raise
+
+    def stale(self) -> bool:
+        """Whether the server closed this idle connection: an idle socket has nothing to read."""
+        return bool(self._poll.poll(0))
+
+    def call(self, msg: Message, timeout: float) -> Any:
+        result = self.receive(self.send(msg, timeout), timeout + REPLY_GRACE)
+        if isinstance(result, RockstateError):
+            raise result
+        return result
+
+    def send(self, msg: Message, deadline: float) -> int:
+        rid = next(self._ids)
+        frame = encode(request(rid, msg, deadline), self._max_frame)  # a too-large request spoils nothing
+        with self._io(deadline):
+            self._sock.settimeout(deadline)
+            self._sock.sendall(frame)
+        self.busy = True  # a reply is on its way: nobody else may use the connection before it is read
+        return rid
+
+    def receive(self, rid: int, timeout: float) -> Any:
+        """The result of request ``rid``; a server error is returned, not raised."""
+        with self._io(timeout):
+            self._sock.settimeout(max(timeout, 1e-3))  # 0 would mean non-blocking
+            got, result = parse_reply(read_frame_sync(self._stream, self._max_frame))
+        self.busy = False
+        if got != rid:
+            self.close()
+            if got is None and isinstance(result, RockstateError):
+                return result  # the server closed the connection with this error
+            raise ProtocolError(f"{self.address} answered request {got!r} instead of {rid}")
+        return result
+
+    @contextlib.contextmanager
+    def _io(self, timeout: float) -> Iterator[None]:
+        """A connection whose I/O failed midway is out of step: close it."""
+        try:
+            yield
+        except BaseException as e:
+            self.close()
+            error = _transport_error(self.address, e, timeout)
+            if error is e:
+                raise
+            raise error from e
+
+    def close(self) -> None:
+        self.closed = True
+        self._stream.close()
+        self._sock.close()
+
+
+class Channel:
+    """Blocking, thread-safe client of one server, for Spark executors.
+
+    A thread takes an idle connection (or opens one), makes its call and puts
+    it back; at most ``max_idle`` connections stay open.
+    """
+
+    def __init__(self, address: str, *, timeout: float = 10.0, ssl: _ssl.SSLContext | None = None,
+                 secret: auth.Secret | None = None, name: str = "client", max_frame: int = MAX_FRAME,
+                 max_idle: int = 8) -> None:
+        self.address, self.timeout, self.name = address, timeout, name
+        self._ssl, self._secret, self._max_frame, self._max_idle = ssl, secret, max_frame, max_idle
+        self._idle: collections.deque[_Connection] = collections.deque()  # append/pop are atomic
+        self._closed = False
+
+    def call(self, msg: Message, timeout: float | None = None) -> Any:
+        """Send ``msg`` and return the server's result, or raise its error."""
+        timeout = self.timeout if timeout is None else timeout
+        with self._connection(timeout) as conn:
+            return conn.call(msg, timeout)
+
+    @contextlib.contextmanager
+    def _connection(self, timeout: float) -> Iterator[_Connection]:
+        if self._closed:
+            raise StoreClosedError(f"the channel to {self.address} is closed")
+        conn = self._idle_connection() or _Connection(
+            self.address, timeout, self._ssl, self._secret, self.name, self._max_frame)
+        try:
+            yield conn
+        finally:
+            if conn.closed or conn.busy or len(self._idle) >= self._max_idle:
+                conn.close()
+            else:
+                self._idle.append(conn)
+                if self._closed:  # close() ran meanwhile
+                    self.close()
+
+    def _idle_connection(self) -> _Connection | None:
+        while True:
+            try:
+                conn = self._idle.pop()
+            except IndexError:
+                return None
+            if not conn.stale():
+                return conn
+            conn.close()
+
+    def close(self) -> None:
+        self._closed = True
+        while True:
+            try:
+                self._idle.pop().close()
+            except IndexError:
+                return
+
+    def __enter__(self) -> Channel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def call_many(calls: Iterable[tuple[Channel, Message]], timeout: float | None = None) -> list[Any]:
+    """Make several calls at once, each on its channel, and return their results in order.
+
+    Every request is written before any reply is read, so calls to different
+    servers overlap and the batch costs about one round trip. A failed call's
+    error takes its place in the list instead of being raised.
+    """
+    results: list[Any] = []
+    sent = []
+    with contextlib.ExitStack() as stack:
+        for i, (channel, msg) in enumerate(calls):
+            t = channel.timeout if timeout is None else timeout
+            results.append(None)
+            try:
+                conn = stack.enter_context(channel._connection(t))
+                sent.append((i, conn, conn.send(msg, t), time.monotonic() + t + REPLY_GRACE))
+            except RockstateError as e:
+                results[i] = e
+        for i, conn, rid, until in sent:
+            try:
+                results[i] = conn.receive(rid, until - time.monotonic())
+            except RockstateError as e:
+                results[i] = e
+    return results
+
+
+class AsyncChannel:
+    """asyncio client of one server, for server-to-server calls.
+
+    One connection carries any number of concurrent calls, matched to their
+    replies by id. After the connection fails, the next call reconnects.
+    """
+
+    def __init__(self, address: str, *, timeout: float = 10.0, ssl: _ssl.SSLContext | None = None,
+                 secret: auth.Secret | None = None, name: str = "client", max_frame: int = MAX_FRAME) -> None:
+        self.address, self.timeout, self.name = address, timeout, name
+        self._ssl, self._secret, self._max_frame = ssl, secret, max_frame
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task | None = None
+        self._replies: dict[int, asyncio.Future] = {}
+        self._ids = itertools.count(1)
+        self._connecting = asyncio.Lock()
+        self._closed = False
+
+    async def call(self, msg: Message, timeout: float | None = None) -> Any:
+        """Send ``msg`` and return the server's result, or raise its error."""
+        timeout = self.timeout if timeout is None else timeout
+        writer = await self._connected(timeout)
+        rid = next(self._ids)
+        frame = encode(request(rid, msg, timeout), self._max_frame)
+        reply = self._replies[rid] = asyncio.get_running_loop().create_future()
+        try:
+            writer.write(frame)
+            async with asyncio.timeout(timeout + REPLY_GRACE):
+                await writer.drain()
+                result = await reply
+        except OSError as e:  # the reader fails pending replies when the connection drops
+            raise _transport_error(self.address, e, timeout) from e
+        finally:
+            del self._replies[rid]
+        if isinstance(result, BaseException):  # a server error, or the reader's news of a lost connection
+            raise result
+        return result
+
+    async def _connected(self, timeout: float) -> asyncio.StreamWriter:
+        async with self._connecting:
+            if self._closed:
+                raise StoreClosedError(f"the channel to {self.address} is closed")
+            if self._writer is None:
+                await self._connect(timeout)
+            return self._writer  # type: ignore[return-value]
+
+    async def _connect(self, timeout: float) -> None:
+        host, port = split_address(self.address)
+        writer = None
+        try:
+            async with asyncio.timeout(timeout):
+                reader, writer = await asyncio.open_connection(host, port, ssl=self._ssl)
+                reply = await self._handshake_step(reader, writer, _hello(self.name))
+                if isinstance(reply, Challenge):
+                    reply = await self._handshake_step(reader, writer, auth.answer(self._secret, reply))
+                _welcomed(reply)
+        except BaseException as e:
+            if writer is not None:
+                writer.close()
+            error = _transport_error(self.address, e, timeout)
+            if error is e:
+                raise
+            raise error from e
+        self._writer = writer
+        self._reader_task = asyncio.create_task(self._read_replies(reader, writer))
+
+    async def _handshake_step(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                              msg: Message) -> Any:
+        await write_frame(writer, request(0, msg, None), self._max_frame)
+        _, result = parse_reply(await read_frame(reader, self._max_frame))
+        if isinstance(result, RockstateError):
+            raise result
+        return result
+
+    async def _read_replies(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                rid, result = parse_reply(await read_frame(reader, self._max_frame))
+                if rid is None:  # an error about the whole connection: the server closes it
+                    raise result if isinstance(result, RockstateError) else ProtocolError(f"bad reply {result!r}")
+                reply = self._replies.get(rid)
+                if reply is not None and not reply.done():
+                    reply.set_result(result)
+        except Exception as e:
+            self._disconnect(writer, _transport_error(self.address, e, self.timeout))
+
+    def _disconnect(self, writer: asyncio.StreamWriter, error: BaseException) -> None:
+        writer.close()
+        if self._writer is writer:
+            self._writer = None
+        for reply in self._replies.values():
+            if not reply.done():
+                reply.set_result(error)  # call() raises it
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._writer is not None:
+            self._disconnect(self._writer, StoreClosedError(f"the channel to {self.address} is closed"))
+            self._reader_task.cancel()  # type: ignore[union-attr]
+            await asyncio.wait([self._reader_task])  # type: ignore[list-item]
+
+    async def __aenter__(self) -> AsyncChannel:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,167 @@
+"""What the server does with peers that misbehave: bad frames, other versions, wrong secrets."""
+
+import shutil
+import socket
+import ssl
+import struct
+import subprocess
+
+import pytest
+
+from rockstate.errors import AuthenticationError, ProtocolError, ProtocolVersionError, UnknownOperationError
+from rockstate.rpc import AsyncChannel, Channel, client
+from rockstate.rpc.messages import Welcome
+
+from .support import Echo, RawConnection, Sleep, echo, sleep
+
+BAD_FRAMES = {
+    "undecodable": struct.pack(">I", 1) + b"\xc1",
+    "not a request": struct.pack(">I", 1) + b"\x01",
+    "oversized": struct.pack(">I", 2 << 20),
+}
+
+
+@pytest.mark.parametrize("after_hello", [False, True])
+@pytest.mark.parametrize("kind", [*BAD_FRAMES, "truncated"])
+def test_bad_frame_closes_only_its_connection(serve, kind, after_hello):
+    server = serve(max_frame=1 << 20)
+    bystander = Channel(server.address, timeout=2)
+    assert bystander.call(Echo(value="before")) == "before"
+
+    raw = RawConnection(server.address)
+    if after_hello:
+        assert isinstance(raw.hello()[1], Welcome)
+    if kind == "truncated":
+        raw.sock.sendall(struct.pack(">I", 100) + b"only ten b")
+        raw.sock.shutdown(socket.SHUT_WR)  # the server sees the frame end early
+    else:
+        raw.sock.sendall(BAD_FRAMES[kind])
+    rid, error = raw.reply()
+    assert rid is None and isinstance(error, ProtocolError)
+    assert raw.closed_by_peer()
+    raw.close()
+
+    assert bystander.call(Echo(value="after")) == "after"
+    with Channel(server.address) as newcomer:
+        assert newcomer.call(Echo(value="new")) == "new"
+    bystander.close()
+
+
+def test_bad_message_fails_only_its_request(server):
+    raw = RawConnection(server.address)
+    raw.hello()
+    raw.send({"id": 1, "msg": {"op": "nope"}, "deadline": None})
+    raw.send({"id": 2, "msg": {"op": Echo.op}, "deadline": None})
+    raw.send({"id": 3, "msg": {"op": Echo.op, "value": "fine"}, "deadline": None})
+    replies = dict(raw.reply() for _ in range(3))
+    assert isinstance(replies[1], UnknownOperationError)
+    assert isinstance(replies[2], ProtocolError) and "'value'" in replies[2].message
+    assert replies[3] == "fine"
+    raw.close()
+
+
+def test_slow_request_does_not_hold_up_the_connection(server):
+    raw = RawConnection(server.address)
+    raw.hello()
+    raw.send({"id": 1, "msg": Sleep(seconds=0.3).to_wire(), "deadline": None})
+    raw.send({"id": 2, "msg": Echo(value="quick").to_wire(), "deadline": None})
+    assert raw.reply() == (2, "quick")
+    assert raw.reply() == (1, "slept")
+    raw.close()
+
+
+def test_protocol_version_mismatch(server, monkeypatch):
+    raw = RawConnection(server.address)
+    rid, error = raw.hello(version=99)
+    assert rid is None and isinstance(error, ProtocolVersionError)
+    assert raw.closed_by_peer()
+    raw.close()
+
+    monkeypatch.setattr(client, "PROTOCOL_VERSION", 2)
+    with pytest.raises(ProtocolVersionError, match="version 2.*version 1") as info:
+        Channel(server.address).call(Echo(value=1))
+    assert info.value.data == {"client_version": 2, "server_version": 1}
+
+
+def test_requests_before_hello_are_refused(server):
+    raw = RawConnection(server.address)
+    raw.send({"id": 1, "msg": Echo(value=1).to_wire(), "deadline": None})
+    rid, error = raw.reply()
+    assert rid is None and isinstance(error, ProtocolError) and "expected 'hello'" in error.message
+    assert raw.closed_by_peer()
+    raw.close()
+
+
+class TestSecret:
+    SECRET = "s3cret"
+
+    @pytest.fixture
+    def calls(self):
+        return []
+
+    @pytest.fixture
+    def server(self, serve, calls):
+        async def record(msg, conn):
+            calls.append(msg.value)
+            return msg.value
+        return serve({Echo: record}, secret=self.SECRET)
+
+    def test_right_secret(self, server, calls):
+        with Channel(server.address, secret=self.SECRET) as channel:
+            assert channel.call(Echo(value=1)) == 1
+        with Channel(server.address, secret=self.SECRET.encode()) as channel:
+            assert channel.call(Echo(value=2)) == 2
+        assert calls == [1, 2]
+
+    @pytest.mark.parametrize("secret", ["wrong", None])
+    def test_wrong_or_missing_secret(self, server, calls, secret):
+        with pytest.raises(AuthenticationError), Channel(server.address, secret=secret) as channel:
+            channel.call(Echo(value=1))
+        assert calls == []
+
+    def test_skipping_the_proof(self, server, calls):
+        raw = RawConnection(server.address)
+        assert raw.hello()[1].op == "challenge"
+        raw.send({"id": 1, "msg": Echo(value=1).to_wire(), "deadline": None})
+        rid, error = raw.reply()
+        assert isinstance(error, AuthenticationError)
+        assert raw.closed_by_peer()
+        raw.close()
+        assert calls == []
+
+    def test_async_channel(self, server, loop, calls):
+        async def main():
+            async with AsyncChannel(server.address, secret=self.SECRET) as good:
+                assert await good.call(Echo(value=1)) == 1
+            async with AsyncChannel(server.address, secret="wrong") as bad:
+                with pytest.raises(AuthenticationError):
+                    await bad.call(Echo(value=2))
+        loop.run(main())
+        assert calls == [1]
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory):
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command")
+    d = tmp_path_factory.mktemp("tls")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", d / "key.pem", "-out", d / "cert.pem"], check=True, capture_output=True)
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(d / "cert.pem", d / "key.pem")
+    return server, ssl.create_default_context(cafile=d / "cert.pem")
+
+
+def test_tls(serve, loop, tls):
+    server_ctx, client_ctx = tls
+    server = serve({Echo: echo, Sleep: sleep}, ssl=server_ctx)
+    with Channel(server.address, ssl=client_ctx) as channel:
+        for i in range(3):  # reuses the pooled TLS connection
+            assert channel.call(Echo(value=b"x" * i)) == b"x" * i
+        assert len(channel._idle) == 1
+
+    async def main():
+        async with AsyncChannel(server.address, ssl=client_ctx) as ac:
+            assert await ac.call(Echo(value="tls")) == "tls"
+    loop.run(main())
