@@ -73,7 +73,8 @@ class Server:
         self.host, self.port, self.name = host, port, name
         self._ssl, self._secret, self._max_frame = ssl, secret, max_frame
         self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task] = set()  # connections and requests, for stop()
+        self._connections: dict[asyncio.Task, asyncio.StreamWriter] = {}  # serving task -> its socket
+        self._requests: set[asyncio.Task] = set()
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, self.host, self.port, ssl=self._ssl)
@@ -89,10 +90,11 @@ class Server:
         if self._server is None:
             return
         self._server.close()
-        tasks = list(self._tasks)
-        for task in tasks:
+        for task in self._requests:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        for writer in self._connections.values():
+            writer.close()  # ends its serving task; cancelling that would make asyncio log an error
+        await asyncio.gather(*self._requests, *self._connections, return_exceptions=True)
         await self._server.wait_closed()
         self._server = None
 
@@ -103,24 +105,24 @@ class Server:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    def _track(self, task: asyncio.Task) -> None:
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._track(asyncio.current_task())  # type: ignore[arg-type]
+        task = asyncio.current_task()
+        self._connections[task] = writer  # type: ignore[index]
         address = format_address(writer.get_extra_info("peername"))
         try:
             conn = await self._handshake(reader, writer, address)
             while True:
                 rid, wire, deadline = parse_request(await read_frame(reader, self._max_frame))
-                self._track(asyncio.create_task(self._handle(writer, conn, rid, wire, deadline)))
+                request = asyncio.create_task(self._handle(writer, conn, rid, wire, deadline))
+                self._requests.add(request)
+                request.add_done_callback(self._requests.discard)
         except (ProtocolError, AuthenticationError) as e:
             log.warning("server %r closes the connection from %s: %s", self.name, address, e)
             writer.write(encode(error_reply(None, e)))  # close() still flushes it
         except OSError:
             pass  # the peer went away (ConnectionLostError included)
         finally:
+            del self._connections[task]  # type: ignore[arg-type]
             writer.close()
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,

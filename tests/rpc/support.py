@@ -42,6 +42,13 @@ class Block(Message):
     seconds: float
 
 
+class Big(Message):
+    """A small request with a large reply."""
+
+    op = "test.big"
+    size: int
+
+
 class Whoami(Message):
     op = "test.whoami"
 
@@ -85,6 +92,10 @@ async def block(msg: Block, conn: Connection) -> str:
     return "blocked"
 
 
+async def big(msg: Big, conn: Connection) -> bytes:
+    return b"x" * msg.size
+
+
 async def whoami(msg: Whoami, conn: Connection) -> dict:
     return {"peer": conn.peer, "address": conn.address}
 
@@ -93,7 +104,8 @@ async def wrap(msg: Wrap, conn: Connection) -> Wrapped:
     return Wrapped(value=msg.value, note="wrapped")
 
 
-HANDLERS = {Echo: echo, Fail: fail, Crash: crash, Sleep: sleep, Block: block, Whoami: whoami, Wrap: wrap}
+HANDLERS = {Echo: echo, Fail: fail, Crash: crash, Sleep: sleep, Block: block, Big: big, Whoami: whoami,
+            Wrap: wrap}
 
 
 class LoopThread:

@@ -15,7 +15,7 @@ from rockstate.errors import (
 )
 from rockstate.rpc import Channel, Server, call_many
 
-from .support import Block, Crash, Echo, Fail, Sleep, Unserved, Whoami, Wrap, Wrapped, echo, sleep
+from .support import Big, Block, Crash, Echo, Fail, Sleep, Unserved, Whoami, Wrap, Wrapped, echo, fail, sleep
 
 
 def test_round_trip(channel):
@@ -81,7 +81,7 @@ def test_oversized_reply_becomes_an_error(serve):
     server = serve(max_frame=1024)
     with Channel(server.address) as channel:
         with pytest.raises(ProtocolError, match="exceeds the limit of 1024"):
-            channel.call(Wrap(value=b"x" * 1000 + b"y" * 100))
+            channel.call(Big(size=2000))
         assert channel.call(Echo(value=5)) == 5
 
 
@@ -101,7 +101,7 @@ def test_threads_share_a_channel(channel):
 
 
 def test_call_many_to_three_servers(serve):
-    servers = [serve({Whoami: _named(f"node-{i}"), Sleep: sleep, Echo: echo}) for i in range(3)]
+    servers = [serve({Whoami: _named(f"node-{i}"), Sleep: sleep, Echo: echo, Fail: fail}) for i in range(3)]
     channels = [Channel(s.address, timeout=2) for s in servers]
     assert call_many([(ch, Whoami()) for ch in channels]) == ["node-0", "node-1", "node-2"]
 
