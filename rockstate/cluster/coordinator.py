@@ -90,9 +90,9 @@ class Coordinator:
             "next_id": self._next_id,
         })
 
-    def _event(self, kind: str, **data) -> None:
-        self.events.append({"time": time.time(), "event": kind, **data})
-        log.info("event %s %s", kind, data)
+    def _event(self, event: str, **data) -> None:
+        self.events.append({"time": time.time(), "event": event, **data})
+        log.info("event %s %s", event, data)
 
     def _spawn(self, coro) -> None:
         task = asyncio.create_task(coro)
@@ -222,17 +222,19 @@ class Coordinator:
             except RockstateError:
                 await src.rpc().call(p.Freeze(partition=pid, frozen=False))
                 raise
-            await self._commit_owner(pid, target)
-            self._event("migration_finished", partition=pid, source=source, target=target, bytes=copied,
-                        seconds=round(time.monotonic() - started, 4))
+            await self._commit_owner(pid, target, dict(
+                event="migration_finished", partition=pid, source=source, target=target, bytes=copied,
+                seconds=round(time.monotonic() - started, 4)))
         else:
             await self._commit_owner(pid, target)
 
-    async def _commit_owner(self, pid: int, owner: str) -> None:
+    async def _commit_owner(self, pid: int, owner: str, event: dict | None = None) -> None:
         owners = list(self.table.owners)
         owners[pid] = owner
         self.table = self.table.with_owners(owners, {m.node_id: m.address for m in self.members.values()})
         self._save()
+        if event:
+            self._event(**event)
         await self._broadcast(p.ApplyTable(table=self.table.to_wire()), include_leaving=True)
 
     async def _broadcast(self, msg, include_leaving: bool = False) -> list:
@@ -299,7 +301,7 @@ class Coordinator:
                  "partitions": counts.get(m.node_id, 0), "last_seen": round(now - m.last_seen, 2)}
                 for m in sorted(self.members.values(), key=lambda m: m.node_id)
             ],
-            "events": list(self.events)[-20:],
+            "events": list(self.events)[-100:],
         }
 
 

@@ -76,12 +76,15 @@ class LocalCluster:
 
     # -- life cycle --------------------------------------------------------
 
+    def _coordinator_config(self, port: int) -> CoordinatorConfig:
+        return CoordinatorConfig(
+            host="127.0.0.1", port=port, data_dir=os.path.join(self.root, "coordinator"),
+            partitions=self.partitions, heartbeat_timeout=self.heartbeat_timeout,
+        )
+
     def start(self) -> "LocalCluster":
         try:
-            self.address = self._runner.start_coordinator(CoordinatorConfig(
-                host="127.0.0.1", port=0, data_dir=os.path.join(self.root, "coordinator"),
-                partitions=self.partitions, heartbeat_timeout=self.heartbeat_timeout,
-            ))
+            self.address = self._runner.start_coordinator(self._coordinator_config(0))
             for _ in range(self._initial_nodes):
                 self.add_node(wait=False)
             self.wait_balanced()
@@ -100,6 +103,14 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def kill_coordinator(self) -> None:
+        """SIGKILL (or, in-process, an abrupt stop) of the coordinator; nodes keep serving."""
+        self._runner.kill_coordinator()
+
+    def restart_coordinator(self) -> None:
+        """Start the coordinator again on the same port, from its persisted state."""
+        self._runner.start_coordinator(self._coordinator_config(int(self.address.rsplit(":", 1)[1])))
 
     # -- clients -----------------------------------------------------------
 
@@ -195,7 +206,7 @@ class _ProcessRunner:
 
     def start_coordinator(self, config: CoordinatorConfig) -> str:
         self.coordinator = self._spawn(
-            ["coordinator", "--host", config.host, "--port", "0", "--data-dir", config.data_dir,
+            ["coordinator", "--host", config.host, "--port", str(config.port), "--data-dir", config.data_dir,
              "--partitions", str(config.partitions), "--heartbeat-timeout", str(config.heartbeat_timeout)],
             "coordinator.log",
         )
@@ -232,6 +243,11 @@ class _ProcessRunner:
     def kill_node(self, info: NodeInfo) -> None:
         proc, _ = self.procs.pop(info.node_id)
         _kill(proc)
+
+    def kill_coordinator(self) -> None:
+        if self.coordinator is not None:
+            _kill(self.coordinator)
+            self.coordinator = None
 
     def close(self) -> None:
         for proc, _ in self.procs.values():
@@ -291,6 +307,11 @@ class _ThreadRunner:
 
     def kill_node(self, info: NodeInfo) -> None:
         self._run(self.nodes.pop(info.node_id).stop())
+
+    def kill_coordinator(self) -> None:
+        if self.coordinator is not None:
+            self._run(self.coordinator.stop())
+            self.coordinator = None
 
     def close(self) -> None:
         async def stop_all():

@@ -1,0 +1,259 @@
+"""A one-node rockstate cluster vs Redis over loopback, on the same work.
+
+Both servers run as separate OS processes on 127.0.0.1: Debian's
+``redis-server`` (no persistence: ``--save "" --appendonly no``) and a
+coordinator plus one node of rockstate (16 partitions), each reached through
+its usual Python client (redis-py with hiredis; rockstate's routing client).
+Keys are the ints 0..N-1 (Redis: their decimal bytes), values distinct
+100-byte ``bytes``; both sides get their input prebuilt in their API's natural
+form (a dict per batch, a list of keys per batch), so only the calls are timed.
+
+- put, batch 1000: ``put_many(dict)`` vs ``MSET`` of 1000 pairs; keys/s
+- get, batch 1000: ``get_many(keys)`` vs ``MGET`` of 1000 keys; keys/s
+- get, one key: ``get(key)`` vs ``GET``, after a warm-up; p50 and p99 in µs
+
+Throughput is the median of REPEAT runs over all batches. Every run's last
+batch, the key counts and every single-key answer are checked against what
+was written, so a failing side cannot look fast. Ratios are oriented so that
+> 1 always means rockstate is better: rockstate/redis for throughput,
+redis/rockstate for latency.
+
+BENCH_REMOTE_BATCHES (default 200) and BENCH_REMOTE_CALLS (default 5000)
+shrink the run.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import redis  # noqa: E402
+
+from common import median_time, print_table  # noqa: E402
+from rockstate.cluster.local import LocalCluster  # noqa: E402
+
+BATCH = 1000
+BATCHES = int(os.environ.get("BENCH_REMOTE_BATCHES", 200))
+CALLS = int(os.environ.get("BENCH_REMOTE_CALLS", 5000))
+WARMUP = max(CALLS // 10, 100)
+REPEAT = 3
+PARTITIONS = 16
+VALUE_BYTES = 100
+REDIS_START_TIMEOUT = 15.0
+
+# Goals from the issue.
+GOAL_BATCH_RATIO = 1.0  # rockstate keys/s >= Redis keys/s at batch 1000
+GOAL_P50_US = 100.0  # one-key get p50
+
+
+# -- redis-server as a subprocess ---------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisServer:
+    """``redis-server`` on 127.0.0.1 with a free port, without persistence; stopped by its PID."""
+
+    def __init__(self, workdir: str) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            raise SystemExit("redis-server not found: apt-get install -y redis-server (or run `make bench`)")
+        self.exe, self.workdir = exe, workdir
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+        self.log_path = os.path.join(workdir, "redis.log")
+
+    def start(self) -> "RedisServer":
+        for _ in range(3):  # the free port may be taken between probing it and redis binding it
+            self.port = _free_port()
+            with open(self.log_path, "ab") as log:
+                self.proc = subprocess.Popen(
+                    [self.exe, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no",
+                     "--daemonize", "no", "--protected-mode", "no", "--dir", self.workdir, "--logfile", ""],
+                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                )
+            if self._wait_ready():
+                return self
+            self.stop()
+        raise RuntimeError(f"redis-server did not start; see {self.log_path}:\n{self._log_tail()}")
+
+    def _wait_ready(self) -> bool:
+        """Poll PING until it answers (True), the process exits (False) or the timeout passes (raises)."""
+        probe = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.5, socket_timeout=0.5)
+        deadline = time.monotonic() + REDIS_START_TIMEOUT
+        try:
+            while True:
+                if self.proc.poll() is not None:
+                    return False
+                try:
+                    if probe.ping():
+                        return True
+                except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"redis-server on port {self.port} gave no PING reply within {REDIS_START_TIMEOUT:g}s")
+                time.sleep(0.01)  # poll interval; readiness is PING's answer
+        finally:
+            probe.close()
+
+    def _log_tail(self) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-20:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+# -- the work -----------------------------------------------------------------
+
+
+class Data:
+    """The same keys and values for both sides, prebuilt per batch."""
+
+    def __init__(self, batches: int) -> None:
+        n = batches * BATCH
+        blob = random.Random(42).randbytes(n * VALUE_BYTES)
+        self.n = n
+        self.values = [blob[i * VALUE_BYTES:(i + 1) * VALUE_BYTES] for i in range(n)]
+        ranges = [range(s, s + BATCH) for s in range(0, n, BATCH)]
+        self.rs_puts = [{k: self.values[k] for k in r} for r in ranges]
+        self.rs_gets = [list(r) for r in ranges]
+        self.redis_keys = [b"%d" % k for k in range(n)]
+        self.redis_puts = [{self.redis_keys[k]: self.values[k] for k in r} for r in ranges]
+        self.redis_gets = [[self.redis_keys[k] for k in r] for r in ranges]
+        self.last_expected = [self.values[k] for k in ranges[-1]]
+        order = random.Random(7).sample(range(n), min(n, CALLS + WARMUP))
+        self.one_keys = [order[i % len(order)] for i in range(CALLS + WARMUP)]
+
+
+def throughput(put_batch, get_batch, puts: list, gets: list, expected: list, who: str) -> tuple[float, float]:
+    """Median keys/s of putting all batches, then of getting them; checks every run's last batch."""
+    last: list = []
+
+    def put_all():
+        for batch in puts:
+            put_batch(batch)
+
+    def get_all():
+        for keys in gets:
+            last[:] = get_batch(keys)
+        if last != expected:
+            raise AssertionError(f"{who}: the last get batch differs from what was written")
+
+    n = len(puts) * BATCH
+    put_t = median_time(put_all, REPEAT)
+    get_t = median_time(get_all, REPEAT)
+    return n / put_t, n / get_t
+
+
+def latency(get_one, keys: list, values: list, who: str) -> tuple[float, float]:
+    """p50 and p99 of one-key gets, in µs, after WARMUP calls; every answer is checked."""
+    clock = time.perf_counter_ns
+    samples = []
+    for i, k in enumerate(keys):
+        start = clock()
+        got = get_one(k)
+        took = clock() - start
+        if got != values[i]:
+            raise AssertionError(f"{who}: get({k!r}) returned {got!r:.40}, not what was written")
+        if i >= WARMUP:
+            samples.append(took)
+    samples.sort()
+    return statistics.median(samples) / 1e3, samples[min(len(samples) - 1, int(len(samples) * 0.99))] / 1e3
+
+
+def bench_rockstate(data: Data) -> tuple[float, float, float, float]:
+    with LocalCluster(nodes=1, partitions=PARTITIONS) as cluster:
+        rs = cluster.connect()
+        try:
+            state = rs.value_state("bench")
+            put_kps, get_kps = throughput(state.put_many, state.get_many, data.rs_puts, data.rs_gets,
+                                          data.last_expected, "rockstate")
+            count = state.count()
+            if count != data.n:
+                raise AssertionError(f"rockstate holds {count} keys, not {data.n}")
+            one = data.one_keys
+            p50, p99 = latency(state.get, one, [data.values[k] for k in one], "rockstate")
+        finally:
+            rs.close()
+    return put_kps, get_kps, p50, p99
+
+
+def bench_redis(data: Data, workdir: str) -> tuple[float, float, float, float]:
+    server = RedisServer(workdir)
+    try:
+        server.start()
+        r = redis.Redis(host="127.0.0.1", port=server.port)
+        try:
+            put_kps, get_kps = throughput(r.mset, r.mget, data.redis_puts, data.redis_gets,
+                                          data.last_expected, "redis")
+            count = r.dbsize()
+            if count != data.n:
+                raise AssertionError(f"redis holds {count} keys, not {data.n}")
+            one = data.one_keys
+            p50, p99 = latency(r.get, [data.redis_keys[k] for k in one], [data.values[k] for k in one], "redis")
+        finally:
+            r.close()
+    finally:
+        server.stop()
+    return put_kps, get_kps, p50, p99
+
+
+def main() -> None:
+    data = Data(BATCHES)
+    workdir = tempfile.mkdtemp(prefix="rockstate-bench-redis-")
+    try:
+        redis_put, redis_get, redis_p50, redis_p99 = bench_redis(data, workdir)
+        rs_put, rs_get, rs_p50, rs_p99 = bench_rockstate(data)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    def met(ok: bool) -> str:
+        return "yes" if ok else "NO"
+
+    rows = [
+        ["put batch 1000 (keys/s)", rs_put, redis_put, rs_put / redis_put,
+         f">= {GOAL_BATCH_RATIO:.1f}x redis", met(rs_put / redis_put >= GOAL_BATCH_RATIO)],
+        ["get batch 1000 (keys/s)", rs_get, redis_get, rs_get / redis_get,
+         f">= {GOAL_BATCH_RATIO:.1f}x redis", met(rs_get / redis_get >= GOAL_BATCH_RATIO)],
+        ["get 1 key p50 (µs)", rs_p50, redis_p50, redis_p50 / rs_p50,
+         f"p50 <= {GOAL_P50_US:.0f} µs", met(rs_p50 <= GOAL_P50_US)],
+        ["get 1 key p99 (µs)", rs_p99, redis_p99, redis_p99 / rs_p99, "-", "-"],
+    ]
+    print_table(
+        f"remote: 1-node rockstate (P={PARTITIONS}) vs redis-server over loopback, {data.n:,} keys x"
+        f" {VALUE_BYTES}-byte values; batches: median of {REPEAT} runs over {BATCHES} batches;"
+        f" one key: {CALLS:,} calls after {WARMUP:,} warm-up"
+        f"\n(ratio > 1 means rockstate is better: rockstate/redis for keys/s, redis/rockstate for µs)",
+        ["workload", "rockstate", "redis", "ratio", "goal", "met"],
+        rows,
+    )
+
+
+if __name__ == "__main__":
+    main()
