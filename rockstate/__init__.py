@@ -2,12 +2,16 @@
 
 from . import errors
 from .api import Rockstate
+from .cluster.client import connect
+from .cluster.local import LocalCluster
 from .embedded import open
 from .errors import RockstateError
 from .keys import partition_of, partitions_of
 from .states import ListState, MapState, ValueState
 
 __all__ = [
+    "connect",
+    "LocalCluster",
     "errors",
     "open",
     "partition_of",

@@ -36,8 +36,6 @@ def _wire_types(hint: Any) -> tuple[type, ...] | None:
     """The exact types a decoded field may have (msgpack decodes to exact types); None: anything."""
     if hint is Any:
         return None
-    if hint is None:
-        return (types.NoneType,)
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         alternatives = [_wire_types(arg) for arg in typing.get_args(hint)]
         return None if None in alternatives else tuple(t for ts in alternatives for t in ts)
@@ -62,8 +60,9 @@ class Message:
         op = cls.__dict__.get("op")
         if not isinstance(op, str) or not op:
             raise TypeError(f"message class {cls.__qualname__} must set op = '<name>'")
-        if op in _registry:
-            raise TypeError(f"op {op!r} of {cls.__qualname__} is taken by {_registry[op].__qualname__}")
+        taken = _registry.get(op)  # a module run again (reload, notebook) may redefine its own
+        if taken is not None and (taken.__module__, taken.__qualname__) != (cls.__module__, cls.__qualname__):
+            raise TypeError(f"op {op!r} of {cls.__qualname__} is taken by {taken.__qualname__}")
         dataclasses.dataclass(cls)
         hints = typing.get_type_hints(cls)
         fields = dataclasses.fields(cls)
@@ -85,7 +84,7 @@ class Message:
         if not isinstance(wire, dict):
             raise ProtocolError(f"a message must be a map, not {type(wire).__name__}")
         op = wire.get("op")
-        found = _registry.get(op)  # type: ignore[arg-type]
+        found = _registry.get(op) if isinstance(op, str) else None
         if found is None:
             raise UnknownOperationError(f"unknown operation {op!r}", op=op)
         if not issubclass(found, cls):

@@ -48,6 +48,8 @@ def test_bad_fields_are_named(wire, field):
 def test_unknown_op_and_wrong_class():
     with pytest.raises(UnknownOperationError, match="'nope'"):
         Message.from_wire({"op": "nope"})
+    with pytest.raises(UnknownOperationError):
+        Message.from_wire({"op": [1]})
     with pytest.raises(ProtocolError, match="expected a 'welcome' message"):
         Welcome.from_wire(Hello(version=1, name="x").to_wire())
     with pytest.raises(ProtocolError, match="must be a map"):
