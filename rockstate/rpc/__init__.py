@@ -10,4 +10,4 @@ from .frames import MAX_FRAME
 from .messages import PROTOCOL_VERSION, Message
 from .server import Connection, Server
 
-__all__ = ["AsyncChannel", "Channel", "Connection", "MAX_FRAME", "Message", "PROTOCOL_VERSION", "Server", "call_many"]
+__all__ = ["MAX_FRAME", "PROTOCOL_VERSION", "AsyncChannel", "Channel", "Connection", "Message", "Server", "call_many"]

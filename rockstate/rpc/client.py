@@ -97,11 +97,12 @@ class _Connection:
             raise result
         return result
 
-    def send(self, msg: Message, deadline: float) -> int:
+    def send(self, msg: Message, timeout: float) -> int:
+        """Send ``msg`` with ``timeout`` as its deadline; return its request id."""
         rid = next(self._ids)
-        frame = encode(request(rid, msg, deadline), self._max_frame)  # a too-large request spoils nothing
-        with self._io(deadline):
-            self._sock.settimeout(deadline)
+        frame = encode(request(rid, msg, timeout), self._max_frame)  # a too-large request spoils nothing
+        with self._io(timeout):
+            self._sock.settimeout(timeout)
             self._sock.sendall(frame)
         self.busy = True  # a reply is on its way: nobody else may use the connection before it is read
         return rid

@@ -44,7 +44,7 @@ class Connection:
 Handler = Callable[[Any, Connection], Awaitable[Any]]
 
 
-def format_address(sockname: tuple) -> str:
+def _format_address(sockname: tuple) -> str:
     host, port = sockname[:2]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -83,7 +83,7 @@ class Server:
     @property
     def address(self) -> str:
         """ "host:port" with the bound port; valid after ``start()``."""
-        return format_address((self.host, self.port))
+        return _format_address((self.host, self.port))
 
     async def stop(self) -> None:
         """Stop listening, close every connection and cancel the requests in flight."""
@@ -108,7 +108,7 @@ class Server:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         self._connections[task] = writer  # type: ignore[index]
-        address = format_address(writer.get_extra_info("peername"))
+        address = _format_address(writer.get_extra_info("peername"))
         try:
             conn = await self._handshake(reader, writer, address)
             while True:

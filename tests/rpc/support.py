@@ -6,6 +6,7 @@ import asyncio
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rockstate.errors import from_wire
@@ -106,6 +107,13 @@ async def wrap(msg: Wrap, conn: Connection) -> Wrapped:
 
 HANDLERS = {Echo: echo, Fail: fail, Crash: crash, Sleep: sleep, Block: block, Big: big, Whoami: whoami,
             Wrap: wrap}
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 5) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.001)
 
 
 class LoopThread:

@@ -36,14 +36,23 @@ def test_round_trip_errors_and_deadline(server, loop):
     loop.run(main())
 
 
-def test_many_calls_in_flight_on_one_connection(server, loop):
+def test_many_calls_in_flight_on_one_connection(serve, loop):
+    gate = asyncio.Event()
+
+    async def wait_for_gate(msg, conn):
+        await gate.wait()
+        return "opened"
+
+    server = serve({Sleep: wait_for_gate, Echo: echo})
+
     async def main():
         async with AsyncChannel(server.address, timeout=5) as ac:
-            slow = asyncio.create_task(ac.call(Sleep(seconds=0.3)))
+            slow = asyncio.create_task(ac.call(Sleep(seconds=0)))
             results = await asyncio.gather(*(ac.call(Echo(value=i)) for i in range(500)))
             assert results == list(range(500))
             assert not slow.done()  # the echoes overtook it
-            assert await slow == "slept"
+            gate.set()
+            assert await slow == "opened"
 
     loop.run(main())
 

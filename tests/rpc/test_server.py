@@ -123,7 +123,7 @@ class TestSecret:
         raw = RawConnection(server.address)
         assert raw.hello()[1].op == "challenge"
         raw.send({"id": 1, "msg": Echo(value=1).to_wire(), "deadline": None})
-        rid, error = raw.reply()
+        _, error = raw.reply()
         assert isinstance(error, AuthenticationError)
         assert raw.closed_by_peer()
         raw.close()
