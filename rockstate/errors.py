@@ -206,6 +206,32 @@ class CheckpointInProgressError(CheckpointError):
     retryable = True
 
 
+class CheckpointStorageError(CheckpointError):
+    """The checkpoint storage failed (network, permissions, disk); the operation may be retried."""
+
+    code = "CHECKPOINT_STORAGE"
+    retryable = True
+
+
+class CheckpointAbortedError(CheckpointError):
+    """A checkpoint was aborted (timeout, a partition failed) and its partial files removed."""
+
+    code = "CHECKPOINT_ABORTED"
+    retryable = True
+
+
+class CheckpointsNotConfiguredError(CheckpointError, ConfigError):
+    """A checkpoint operation on a store opened without checkpoint storage."""
+
+    code = "CHECKPOINTS_NOT_CONFIGURED"
+
+
+class SavepointExistsError(CheckpointError, InvalidInputError):
+    """A savepoint of that name exists already; savepoints are never overwritten."""
+
+    code = "SAVEPOINT_EXISTS"
+
+
 def _all_subclasses(cls: type) -> list[type]:
     out = []
     for sub in cls.__subclasses__():

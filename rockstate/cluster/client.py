@@ -132,6 +132,31 @@ class ClusterBackend:
                 self._back_off(deadline, attempt, e, [pid])
         raise AssertionError("unreachable")
 
+    # -- staged micro-batch transactions (see store/staging.py) ------------------
+
+    def stage(self, query: str, batch: int, task: int, attempt: int, seq: int, ops_by_pid: dict[int, list]) -> None:
+        self._routed(ops_by_pid, lambda epoch, groups: p.Stage(
+            epoch=epoch, query=query, batch=batch, task=task, attempt=attempt, seq=seq, groups=groups))
+
+    def stage_done(self, query: str, batch: int, task: int, attempt: int, pids) -> None:
+        self._routed(dict.fromkeys(pids), lambda epoch, groups: p.StageDone(
+            epoch=epoch, query=query, batch=batch, task=task, attempt=attempt, groups=groups))
+
+    def commit_batch(self, query: str, batch: int) -> int:
+        """Commit (query, batch) on every partition; returns how many applied it now (the rest had already)."""
+        done = self._routed(dict.fromkeys(range(self.partitions)), lambda epoch, groups: p.CommitBatch(
+            epoch=epoch, query=query, batch=batch, groups=groups))
+        return sum(done.values())
+
+    def rollback_batches(self, query: str, to_batch: int | None) -> int:
+        undone = self._routed(dict.fromkeys(range(self.partitions)), lambda epoch, groups: p.RollbackBatches(
+            epoch=epoch, query=query, to_batch=to_batch, groups=groups))
+        return sum(undone.values())
+
+    def committed_batches(self, query: str) -> dict[int, int | None]:
+        return self._routed(dict.fromkeys(range(self.partitions)), lambda epoch, groups: p.CommittedBatch(
+            epoch=epoch, query=query, groups=groups))
+
     def count(self, state: str) -> int:
         return self._coordinator.call(p.Count(state=state))
 

@@ -20,7 +20,7 @@ from ..config import NodeConfig, StoreConfig
 from ..errors import ClusterError, NotOwnerError, PartitionUnavailableError, RockstateError, UnknownNodeError
 from ..rpc.client import AsyncChannel
 from ..rpc.server import Server
-from ..store import StateSpec, Store
+from ..store import StateSpec, Store, staging
 from ..store.store import read_json, write_json
 from . import protocol as p
 from .metrics import NodeMetrics
@@ -46,6 +46,11 @@ class Node:
             p.Write: self.write,
             p.Read: self.read,
             p.Scan: self.scan,
+            p.Stage: self.stage,
+            p.StageDone: self.stage_done,
+            p.CommitBatch: self.commit_batch,
+            p.RollbackBatches: self.rollback_batches,
+            p.CommittedBatch: self.committed_batch,
             p.NodeStats: self.stats,
             p.NodeCount: self.count,
             p.NodeDefineState: self.define_state,
@@ -167,14 +172,7 @@ class Node:
     # -- data ----------------------------------------------------------------
 
     async def write(self, msg: p.Write, conn) -> None:
-        for pid, _ in msg.groups:
-            while pid in self.frozen:
-                try:
-                    await asyncio.wait_for(self.frozen[pid].wait(), FREEZE_WAIT)
-                except TimeoutError:
-                    raise PartitionUnavailableError(f"partition {pid} is moving; retry", partition=pid) from None
-        groups = [(self._check(pid, msg.epoch), ops) for pid, ops in msg.groups]  # all checked before any applies
-        for pid, ops in groups:
+        for pid, ops in await self._writable(msg):  # all checked before any applies
             self.store.write(pid, ops)
             self.metrics.keys_written.inc(sum(len(op[2]) if op[0] in (4, 5) else 1 for op in ops))
 
@@ -186,6 +184,33 @@ class Node:
     async def scan(self, msg: p.Scan, conn) -> list:
         pid = self._check(msg.partition, msg.epoch)
         return self.store.scan(pid, msg.state, msg.prefix, msg.after, msg.limit)
+
+    async def _writable(self, msg) -> list:
+        """The request's groups, once none of its partitions is moving and all are ours."""
+        for pid, _ in msg.groups:
+            while pid in self.frozen:
+                try:
+                    await asyncio.wait_for(self.frozen[pid].wait(), FREEZE_WAIT)
+                except TimeoutError:
+                    raise PartitionUnavailableError(f"partition {pid} is moving; retry", partition=pid) from None
+        return [(self._check(pid, msg.epoch), body) for pid, body in msg.groups]
+
+    async def stage(self, msg: p.Stage, conn) -> None:
+        for pid, ops in await self._writable(msg):
+            staging.stage(self.store.partition(pid), msg.query, msg.batch, msg.task, msg.attempt, msg.seq, ops)
+
+    async def stage_done(self, msg: p.StageDone, conn) -> None:
+        for pid, _ in await self._writable(msg):
+            staging.mark_done(self.store.partition(pid), msg.query, msg.batch, msg.task, msg.attempt)
+
+    async def commit_batch(self, msg: p.CommitBatch, conn) -> list:
+        return [staging.commit(self.store.partition(pid), msg.query, msg.batch) for pid, _ in await self._writable(msg)]
+
+    async def rollback_batches(self, msg: p.RollbackBatches, conn) -> list:
+        return [staging.rollback(self.store.partition(pid), msg.query, msg.to_batch) for pid, _ in await self._writable(msg)]
+
+    async def committed_batch(self, msg: p.CommittedBatch, conn) -> list:
+        return [staging.committed(self.store.partition(self._check(pid, msg.epoch)), msg.query) for pid, _ in msg.groups]
 
     async def stats(self, msg: p.NodeStats, conn) -> dict:
         return self.store.stats(list(self.owned))
@@ -219,7 +244,7 @@ class Node:
         source = AsyncChannel(msg.source, name="node", timeout=60.0)
         copied = 0
         try:
-            for state in list(self.store.specs):
+            for state in [*self.store.specs, *staging.INTERNAL_STATES]:
                 after = None
                 while True:
                     page = await source.call(p.Dump(partition=pid, state=state, after=after))

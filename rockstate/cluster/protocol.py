@@ -43,6 +43,63 @@ class Scan(Message):
     limit: int = 1000
 
 
+# -- served by a node: staged micro-batch transactions (see store/staging.py) -------
+
+
+class Stage(Message):
+    """Stage a task attempt's writes: ``groups`` is [[pid, ops], ...]; safe to retry."""
+
+    op = "stage"
+    epoch: int
+    query: str
+    batch: int
+    task: int
+    attempt: int
+    seq: int
+    groups: list
+
+
+class StageDone(Message):
+    """Every flush of the attempt was acknowledged on these partitions (``groups``: [[pid, None], ...])."""
+
+    op = "stage_done"
+    epoch: int
+    query: str
+    batch: int
+    task: int
+    attempt: int
+    groups: list
+
+
+class CommitBatch(Message):
+    """Apply the stage of (query, batch) on these partitions; idempotent. Answers [applied?, ...]."""
+
+    op = "commit_batch"
+    epoch: int
+    query: str
+    batch: int
+    groups: list
+
+
+class RollbackBatches(Message):
+    """Undo the query's batches after ``to_batch`` (None: every kept one). Answers [undone count, ...]."""
+
+    op = "rollback_batches"
+    epoch: int
+    query: str
+    to_batch: int | None
+    groups: list
+
+
+class CommittedBatch(Message):
+    """The query's last committed batch on each partition (None: never). Answers [batch, ...]."""
+
+    op = "committed_batch"
+    epoch: int
+    query: str
+    groups: list
+
+
 # -- served by a node: asked by the coordinator -----------------------------------
 
 

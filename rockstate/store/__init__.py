@@ -1,7 +1,11 @@
-"""One process's partitions: RocksDB per partition, states, TTL."""
+"""One process's partitions: RocksDB per partition, states, TTL, staged transactions."""
 
 from .catalog import KINDS, StateSpec, check_name
-from .partition import APPEND, DELETE, DELETE_PREFIX, PUT, Partition, Resources
+from .partition import APPEND, DELETE, DELETE_MANY, DELETE_PREFIX, PUT, PUT_MANY, Partition, Resources
 from .store import Store
 
-__all__ = ["KINDS", "StateSpec", "check_name", "APPEND", "DELETE", "DELETE_PREFIX", "PUT", "Partition", "Resources", "Store"]
+__all__ = [
+    "KINDS", "StateSpec", "check_name",
+    "APPEND", "DELETE", "DELETE_MANY", "DELETE_PREFIX", "PUT", "PUT_MANY",
+    "Partition", "Resources", "Store",
+]

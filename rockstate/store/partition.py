@@ -22,7 +22,7 @@ from typing import Callable, Iterator, Sequence
 from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch, WriteBufferManager
 
 from ..errors import StoreClosedError, UnknownStateError
-from .catalog import StateSpec
+from .catalog import RESERVED_PREFIX, StateSpec
 
 # Write operations, as sent over the wire: [op, state, key, value].
 # PUT_MANY and DELETE_MANY carry lists of keys (and values): one op per batch
@@ -96,7 +96,7 @@ class Partition:
         try:
             return self._families[state]
         except KeyError:
-            if state in self._specs:
+            if state in self._specs or state.startswith(RESERVED_PREFIX):
                 self.ensure_state(state)
                 return self._families[state]
             raise UnknownStateError(f"unknown state {state!r}") from None
@@ -117,8 +117,17 @@ class Partition:
         with self.lock:
             self._open().write(self._batch(ops))
 
-    def _batch(self, ops: Sequence[Op]) -> WriteBatch:
-        batch = WriteBatch(raw_mode=True)
+    def handle(self, state: str):
+        """The column family handle of a state, for callers that build their own WriteBatch."""
+        self._family(state)
+        return self._handles[state]
+
+    def commit(self, batch: WriteBatch) -> None:
+        """Write a batch built with ``_batch``/``handle`` (the caller holds ``lock``)."""
+        self._open().write(batch)
+
+    def _batch(self, ops: Sequence[Op], batch: WriteBatch | None = None) -> WriteBatch:
+        batch = WriteBatch(raw_mode=True) if batch is None else batch
         pending: dict[tuple[str, bytes], bytes | None] = {}  # list values as this batch leaves them
         headers: dict[str, bytes | None] = {}
         for op, state, key, value in ops:
@@ -166,6 +175,10 @@ class Partition:
 
     # -- reads -----------------------------------------------------------
 
+    def raw_get(self, state: str, keys: list[bytes]) -> list[bytes | None]:
+        """Stored values as they are (TTL headers included)."""
+        return self._family(state).get(keys)
+
     def get_many(self, state: str, keys: list[bytes]) -> list[bytes | None]:
         values = self._family(state).get(keys)
         if self._ttl_ms(state) is None:
@@ -208,16 +221,22 @@ class Partition:
 
     # -- raw entries, for moving a partition between nodes ------------------
 
-    def dump(self, state: str, after: bytes | None = None, limit: int = 5000) -> list[tuple[bytes, bytes]]:
-        """Stored entries as they are on disk (TTL headers included, expired ones too), in key order."""
-        out = []
+    def raw_items(self, state: str, start: bytes = b"", end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """Stored entries with start <= key < end, as they are on disk (TTL headers, expired ones too)."""
         it = self._family(state).iter()
-        it.seek(after) if after is not None else it.seek_to_first()
-        if after is not None and it.valid() and it.key() == after:
+        it.seek(start)
+        while it.valid() and (end is None or it.key() < end):
+            yield it.key(), it.value()
             it.next()
-        while it.valid() and len(out) < limit:
-            out.append((it.key(), it.value()))
-            it.next()
+
+    def dump(self, state: str, after: bytes | None = None, limit: int = 5000) -> list[tuple[bytes, bytes]]:
+        """A page of ``raw_items`` after a key, for moving a partition."""
+        out = []
+        for key, value in self.raw_items(state, after or b""):
+            if key != after:
+                out.append((key, value))
+                if len(out) >= limit:
+                    break
         return out
 
     def load(self, state: str, entries: list[tuple[bytes, bytes]]) -> None:

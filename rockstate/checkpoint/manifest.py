@@ -1,0 +1,247 @@
+"""What a checkpoint holds: one manifest per partition, and the ``_metadata`` that commits them.
+
+Both are plain dicts of str/int/float/bool/list (msgpack-native, so a node can
+ack with its manifest over the wire) and canonical JSON in the storage
+(``sort_keys``, no spaces): the same dict always gives the same bytes, so the
+coordinator can compute a manifest's checksum from the dict it was acked with.
+
+Checksums are CRC-32 (``zlib.crc32``, written ``"crc32:1a2b3c4d"``). It is in
+the standard library (no extra wheel for nodes and clients), runs at about
+2 GB/s per core here (SHA-256: ~1 GB/s; crc32c would need a third-party
+package), releases the GIL so parallel transfers verify in parallel, and S3
+knows the same algorithm (``x-amz-checksum-crc32``). It guards against
+truncation, bit rot and wrong files, not against an attacker; the storage's
+access control does that.
+
+Paths in a manifest are relative to the checkpoint's *base* (the cluster's
+folder, or a savepoint's folder, which mirrors the same layout), so a
+savepoint is a byte-for-byte copy that needs no rewriting.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import zlib
+from dataclasses import asdict, dataclass, field
+from typing import BinaryIO
+
+from ..errors import CorruptCheckpointError
+
+FORMAT = 1
+CHECKSUM_ALGORITHM = "crc32"
+CHUNK = 4 << 20
+
+
+def checksum_bytes(data: bytes) -> str:
+    return format_checksum(zlib.crc32(data))
+
+
+def checksum_stream(f: BinaryIO, size_hint: int | None = None) -> tuple[int, str]:
+    """(bytes read, checksum) of the rest of ``f``."""
+    crc = n = 0
+    while chunk := f.read(CHUNK):
+        crc = zlib.crc32(chunk, crc)
+        n += len(chunk)
+    return n, format_checksum(crc)
+
+
+def checksum_file(path: str) -> tuple[int, str]:
+    with open(path, "rb", buffering=0) as f:
+        return checksum_stream(f)
+
+
+def format_checksum(crc: int) -> str:
+    return f"{CHECKSUM_ALGORITHM}:{crc & 0xFFFFFFFF:08x}"
+
+
+def canonical_json(data: object) -> bytes:
+    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file of a partition's RocksDB checkpoint."""
+
+    name: str  # the file's name in the RocksDB directory, e.g. "000012.sst"
+    path: str  # where it is, relative to the base: "shared/p0042/000012-<uuid>.sst"
+    size: int
+    checksum: str
+    shared: bool  # an immutable SST that later checkpoints may reference
+    uploaded: bool = False  # uploaded by this checkpoint (False: referenced from an earlier one)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "FileEntry":
+        return cls(d["name"], d["path"], int(d["size"]), d["checksum"], bool(d["shared"]), bool(d.get("uploaded", False)))
+
+
+@dataclass
+class PartitionManifest:
+    """The files of one partition in one checkpoint, and how the snapshot went."""
+
+    partition: int
+    checkpoint_id: int
+    files: list[FileEntry]
+    states: list[str]  # column families present (besides "default")
+    created_at: float = field(default_factory=time.time)
+    sync_seconds: float = 0.0  # how long the partition's writes paused
+    async_seconds: float = 0.0  # uploads
+    format: int = FORMAT
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @property
+    def uploaded_bytes(self) -> int:
+        return sum(f.size for f in self.files if f.uploaded)
+
+    @property
+    def shared_paths(self) -> set[str]:
+        return {f.path for f in self.files if f.shared}
+
+    @property
+    def paths(self) -> set[str]:
+        return {f.path for f in self.files}
+
+    def to_dict(self) -> dict:
+        return {
+            "format": self.format,
+            "partition": self.partition,
+            "checkpoint_id": self.checkpoint_id,
+            "files": [f.to_dict() for f in self.files],
+            "states": list(self.states),
+            "created_at": self.created_at,
+            "sync_seconds": self.sync_seconds,
+            "async_seconds": self.async_seconds,
+            "size": self.size,
+            "uploaded_bytes": self.uploaded_bytes,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PartitionManifest":
+        if d.get("format", FORMAT) > FORMAT:
+            raise CorruptCheckpointError(f"manifest format {d['format']} is newer than this rockstate reads ({FORMAT})")
+        return cls(
+            partition=int(d["partition"]),
+            checkpoint_id=int(d["checkpoint_id"]),
+            files=[FileEntry.from_dict(f) for f in d["files"]],
+            states=list(d.get("states", [])),
+            created_at=float(d.get("created_at", 0.0)),
+            sync_seconds=float(d.get("sync_seconds", 0.0)),
+            async_seconds=float(d.get("async_seconds", 0.0)),
+            format=int(d.get("format", FORMAT)),
+        )
+
+    def to_json(self) -> bytes:
+        return canonical_json(self.to_dict())
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str = "manifest") -> "PartitionManifest":
+        return _parse(cls, data, where)
+
+
+@dataclass(frozen=True)
+class ManifestRef:
+    """How ``_metadata`` names a partition's manifest."""
+
+    partition: int
+    path: str
+    size: int
+    checksum: str
+    data_size: int = 0  # the partition's files
+    uploaded_bytes: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ManifestRef":
+        return cls(int(d["partition"]), d["path"], int(d["size"]), d["checksum"], int(d.get("data_size", 0)), int(d.get("uploaded_bytes", 0)))
+
+    @classmethod
+    def of(cls, manifest: PartitionManifest, path: str) -> "ManifestRef":
+        data = manifest.to_json()
+        return cls(manifest.partition, path, len(data), checksum_bytes(data), manifest.size, manifest.uploaded_bytes)
+
+
+@dataclass
+class CheckpointMetadata:
+    """``chk-N/_metadata``: written last, it makes checkpoint N exist."""
+
+    checkpoint_id: int
+    partitions: int
+    manifests: list[ManifestRef]
+    states: dict[str, dict] = field(default_factory=dict)  # the state catalog: name -> StateSpec dict
+    created_at: float = field(default_factory=time.time)
+    duration: float = 0.0
+    cluster: str = "default"
+    format: int = FORMAT
+
+    @property
+    def size(self) -> int:
+        return sum(m.data_size for m in self.manifests)
+
+    @property
+    def uploaded_bytes(self) -> int:
+        return sum(m.uploaded_bytes for m in self.manifests)
+
+    def manifest_ref(self, pid: int) -> ManifestRef:
+        for ref in self.manifests:
+            if ref.partition == pid:
+                return ref
+        raise CorruptCheckpointError(f"checkpoint {self.checkpoint_id} has no manifest for partition {pid}", checkpoint_id=self.checkpoint_id)
+
+    def to_dict(self) -> dict:
+        return {
+            "format": self.format,
+            "checkpoint_id": self.checkpoint_id,
+            "partitions": self.partitions,
+            "manifests": [m.to_dict() for m in self.manifests],
+            "states": self.states,
+            "created_at": self.created_at,
+            "duration": self.duration,
+            "cluster": self.cluster,
+            "size": self.size,
+            "uploaded_bytes": self.uploaded_bytes,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CheckpointMetadata":
+        if d.get("format", FORMAT) > FORMAT:
+            raise CorruptCheckpointError(f"checkpoint format {d['format']} is newer than this rockstate reads ({FORMAT})")
+        meta = cls(
+            checkpoint_id=int(d["checkpoint_id"]),
+            partitions=int(d["partitions"]),
+            manifests=[ManifestRef.from_dict(m) for m in d["manifests"]],
+            states=dict(d.get("states") or {}),
+            created_at=float(d.get("created_at", 0.0)),
+            duration=float(d.get("duration", 0.0)),
+            cluster=d.get("cluster", "default"),
+            format=int(d.get("format", FORMAT)),
+        )
+        if sorted(m.partition for m in meta.manifests) != list(range(meta.partitions)):
+            raise CorruptCheckpointError(f"checkpoint {meta.checkpoint_id}: _metadata does not name one manifest per partition")
+        return meta
+
+    def to_json(self) -> bytes:
+        return canonical_json(self.to_dict())
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str = "_metadata") -> "CheckpointMetadata":
+        return _parse(cls, data, where)
+
+
+def _parse(cls, data: bytes, where: str):
+    try:
+        out = json.loads(data)
+        if not isinstance(out, dict):
+            raise ValueError("not a JSON object")
+        return cls.from_dict(out)
+    except CorruptCheckpointError:
+        raise
+    except (ValueError, UnicodeDecodeError, KeyError, TypeError) as exc:
+        raise CorruptCheckpointError(f"{where} is unreadable: {type(exc).__name__}: {exc}", path=where) from None

@@ -1,0 +1,41 @@
+"""Staged micro-batch transactions through the routing client, across nodes and a partition move."""
+
+from rockstate.cluster.local import LocalCluster
+from rockstate.serde import encode_value
+from rockstate.states import group_by_partition, prepare_keys
+from rockstate.store import PUT_MANY
+
+
+def staged_ops(backend, state, mapping):
+    keys = list(mapping)
+    encoded, pids = prepare_keys(keys, backend.partitions, backend.max_key_bytes)
+    order, groups = group_by_partition(pids)
+    idx = order.tolist()
+    return {
+        pid: [(PUT_MANY, state, [encoded[i] for i in idx[a:b]], [encode_value(mapping[keys[i]]) for i in idx[a:b]])]
+        for pid, a, b in groups
+    }
+
+
+def test_stage_commit_rollback_across_nodes_and_a_move(tmp_path):
+    with LocalCluster(nodes=2, partitions=8, root=str(tmp_path), processes=False) as cluster:
+        with cluster.connect() as rs:
+            counts = rs.value_state("counts")
+            b = rs.backend
+            for batch in range(3):
+                ops = staged_ops(b, "counts", {i: batch for i in range(200)})
+                # task 0 attempt 0 dies after staging half; attempt 1 stages everything and is done
+                half = dict(list(ops.items())[: len(ops) // 2])
+                b.stage("q", batch, 0, 0, 0, {pid: [(PUT_MANY, "counts", o[0][2], [encode_value("bad")] * len(o[0][2]))] for pid, o in half.items()})
+                b.stage("q", batch, 0, 1, 0, ops)
+                b.stage_done("q", batch, 0, 1, list(ops))
+                assert counts.get(0) == (None if batch == 0 else batch - 1)  # staged is invisible
+                if batch == 1:
+                    cluster.add_node()  # stages and undo move with their partitions
+                assert b.commit_batch("q", batch) == len(ops)
+                assert b.commit_batch("q", batch) == 0  # idempotent
+                assert counts.get_many(range(200)) == [batch] * 200
+            assert set(b.committed_batches("q").values()) == {2}
+            assert b.rollback_batches("q", 0) == 2 * 8
+            assert counts.get_many(range(200)) == [0] * 200
+            assert set(b.committed_batches("q").values()) == {0}
