@@ -12,7 +12,9 @@ form (a dict per batch, a list of keys per batch), so only the calls are timed.
 - get, batch 1000: ``get_many(keys)`` vs ``MGET`` of 1000 keys; keys/s
 - get, one key: ``get(key)`` vs ``GET``, after a warm-up; p50 and p99 in µs
 
-Throughput is the median of REPEAT runs over all batches. Every run's last
+Both servers run at once and the sides take turns, workload by workload
+(one-key gets in alternating chunks), so drift on a shared machine hits both
+alike. Throughput is the median of REPEAT runs over all batches. Every run's last
 batch, the key counts and every single-key answer are checked against what
 was written, so a failing side cannot look fast. Ratios are oriented so that
 > 1 always means rockstate is better: rockstate/redis for throughput,
@@ -38,13 +40,13 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 
 import redis  # noqa: E402
-
 from common import median_time, print_table  # noqa: E402
+
 from rockstate.cluster.local import LocalCluster  # noqa: E402
 
 BATCH = 1000
-BATCHES = int(os.environ.get("BENCH_REMOTE_BATCHES", 200))
-CALLS = int(os.environ.get("BENCH_REMOTE_CALLS", 5000))
+BATCHES = int(os.environ.get("BENCH_REMOTE_BATCHES", "200"))
+CALLS = int(os.environ.get("BENCH_REMOTE_CALLS", "5000"))
 WARMUP = max(CALLS // 10, 100)
 REPEAT = 3
 PARTITIONS = 16
@@ -77,7 +79,7 @@ class RedisServer:
         self.port = 0
         self.log_path = os.path.join(workdir, "redis.log")
 
-    def start(self) -> "RedisServer":
+    def start(self) -> RedisServer:
         for _ in range(3):  # the free port may be taken between probing it and redis binding it
             self.port = _free_port()
             with open(self.log_path, "ab") as log:
@@ -105,7 +107,8 @@ class RedisServer:
                 except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
                     pass
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"redis-server on port {self.port} gave no PING reply within {REDIS_START_TIMEOUT:g}s")
+                    raise RuntimeError(f"redis-server on port {self.port} gave no PING reply"
+                                       f" within {REDIS_START_TIMEOUT:g}s")
                 time.sleep(0.01)  # poll interval; readiness is PING's answer
         finally:
             probe.close()
@@ -151,87 +154,96 @@ class Data:
         self.one_keys = [order[i % len(order)] for i in range(CALLS + WARMUP)]
 
 
-def throughput(put_batch, get_batch, puts: list, gets: list, expected: list, who: str) -> tuple[float, float]:
-    """Median keys/s of putting all batches, then of getting them; checks every run's last batch."""
+class Side:
+    """One system under test: its calls, its inputs, and how many keys it holds."""
+
+    def __init__(self, name: str, put_batch, get_batch, get_one, puts: list, gets: list, one_keys: list, count) -> None:
+        self.name, self.put_batch, self.get_batch, self.get_one = name, put_batch, get_batch, get_one
+        self.puts, self.gets, self.one_keys, self.count = puts, gets, one_keys, count
+        self.samples: list[int] = []
+
+
+def put_keys_per_s(side: Side) -> float:
+    def put_all():
+        for batch in side.puts:
+            side.put_batch(batch)
+
+    return len(side.puts) * BATCH / median_time(put_all, REPEAT)
+
+
+def get_keys_per_s(side: Side, expected: list) -> float:
+    """Median keys/s of getting every batch; each run's last batch must be what was written."""
     last: list = []
 
-    def put_all():
-        for batch in puts:
-            put_batch(batch)
-
     def get_all():
-        for keys in gets:
-            last[:] = get_batch(keys)
+        for keys in side.gets:
+            last[:] = side.get_batch(keys)
         if last != expected:
-            raise AssertionError(f"{who}: the last get batch differs from what was written")
+            raise AssertionError(f"{side.name}: the last get batch differs from what was written")
 
-    n = len(puts) * BATCH
-    put_t = median_time(put_all, REPEAT)
-    get_t = median_time(get_all, REPEAT)
-    return n / put_t, n / get_t
+    return len(side.gets) * BATCH / median_time(get_all, REPEAT)
 
 
-def latency(get_one, keys: list, values: list, who: str) -> tuple[float, float]:
-    """p50 and p99 of one-key gets, in µs, after WARMUP calls; every answer is checked."""
-    clock = time.perf_counter_ns
-    samples = []
-    for i, k in enumerate(keys):
-        start = clock()
-        got = get_one(k)
-        took = clock() - start
+def one_key_gets(side: Side, start: int, end: int, values: list) -> None:
+    """Time calls start..end-1 one by one; every answer is checked; the first WARMUP are not kept."""
+    clock, get_one, keys = time.perf_counter_ns, side.get_one, side.one_keys
+    for i in range(start, end):
+        t0 = clock()
+        got = get_one(keys[i])
+        took = clock() - t0
         if got != values[i]:
-            raise AssertionError(f"{who}: get({k!r}) returned {got!r:.40}, not what was written")
+            raise AssertionError(f"{side.name}: get({keys[i]!r}) returned {got!r:.40}, not what was written")
         if i >= WARMUP:
-            samples.append(took)
-    samples.sort()
-    return statistics.median(samples) / 1e3, samples[min(len(samples) - 1, int(len(samples) * 0.99))] / 1e3
+            side.samples.append(took)
 
 
-def bench_rockstate(data: Data) -> tuple[float, float, float, float]:
-    with LocalCluster(nodes=1, partitions=PARTITIONS) as cluster:
-        rs = cluster.connect()
-        try:
-            state = rs.value_state("bench")
-            put_kps, get_kps = throughput(state.put_many, state.get_many, data.rs_puts, data.rs_gets,
-                                          data.last_expected, "rockstate")
-            count = state.count()
-            if count != data.n:
-                raise AssertionError(f"rockstate holds {count} keys, not {data.n}")
-            one = data.one_keys
-            p50, p99 = latency(state.get, one, [data.values[k] for k in one], "rockstate")
-        finally:
-            rs.close()
-    return put_kps, get_kps, p50, p99
+def percentiles_us(samples: list[int]) -> tuple[float, float]:
+    ordered = sorted(samples)
+    return statistics.median(ordered) / 1e3, ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] / 1e3
 
 
-def bench_redis(data: Data, workdir: str) -> tuple[float, float, float, float]:
-    server = RedisServer(workdir)
-    try:
-        server.start()
-        r = redis.Redis(host="127.0.0.1", port=server.port)
-        try:
-            put_kps, get_kps = throughput(r.mset, r.mget, data.redis_puts, data.redis_gets,
-                                          data.last_expected, "redis")
-            count = r.dbsize()
-            if count != data.n:
-                raise AssertionError(f"redis holds {count} keys, not {data.n}")
-            one = data.one_keys
-            p50, p99 = latency(r.get, [data.redis_keys[k] for k in one], [data.values[k] for k in one], "redis")
-        finally:
-            r.close()
-    finally:
-        server.stop()
-    return put_kps, get_kps, p50, p99
+def run(sides: list[Side], data: Data) -> dict[str, tuple[float, float, float, float]]:
+    """Both sides, workload by workload, back to back (one-key calls in alternating chunks)."""
+    put = {side.name: put_keys_per_s(side) for side in sides}
+    for side in sides:
+        count = side.count()
+        if count != data.n:
+            raise AssertionError(f"{side.name} holds {count} keys, not {data.n}")
+    get = {side.name: get_keys_per_s(side, data.last_expected) for side in sides}
+    values = [data.values[k] for k in data.one_keys]
+    chunk = max(WARMUP, CALLS // 10)
+    for start in range(0, len(values), chunk):
+        for side in sides:
+            one_key_gets(side, start, min(start + chunk, len(values)), values)
+    return {side.name: (put[side.name], get[side.name], *percentiles_us(side.samples)) for side in sides}
 
 
 def main() -> None:
     data = Data(BATCHES)
     workdir = tempfile.mkdtemp(prefix="rockstate-bench-redis-")
+    server = RedisServer(workdir)
     try:
-        redis_put, redis_get, redis_p50, redis_p99 = bench_redis(data, workdir)
-        rs_put, rs_get, rs_p50, rs_p99 = bench_rockstate(data)
+        server.start()
+        with LocalCluster(nodes=1, partitions=PARTITIONS) as cluster:
+            rs = cluster.connect()
+            r = redis.Redis(host="127.0.0.1", port=server.port)
+            try:
+                state = rs.value_state("bench")
+                sides = [
+                    Side("redis", r.mset, r.mget, r.get, data.redis_puts, data.redis_gets,
+                         [data.redis_keys[k] for k in data.one_keys], r.dbsize),
+                    Side("rockstate", state.put_many, state.get_many, state.get, data.rs_puts, data.rs_gets,
+                         data.one_keys, state.count),
+                ]
+                results = run(sides, data)
+            finally:
+                r.close()
+                rs.close()
     finally:
+        server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+    rs_put, rs_get, rs_p50, rs_p99 = results["rockstate"]
+    redis_put, redis_get, redis_p50, redis_p99 = results["redis"]
 
     def met(ok: bool) -> str:
         return "yes" if ok else "NO"
@@ -248,7 +260,7 @@ def main() -> None:
     print_table(
         f"remote: 1-node rockstate (P={PARTITIONS}) vs redis-server over loopback, {data.n:,} keys x"
         f" {VALUE_BYTES}-byte values; batches: median of {REPEAT} runs over {BATCHES} batches;"
-        f" one key: {CALLS:,} calls after {WARMUP:,} warm-up"
+        f" one key: {CALLS:,} calls after {WARMUP:,} warm-up, sides alternating"
         f"\n(ratio > 1 means rockstate is better: rockstate/redis for keys/s, redis/rockstate for µs)",
         ["workload", "rockstate", "redis", "ratio", "goal", "met"],
         rows,
