@@ -59,7 +59,8 @@ class Node:
             p.Pull: self.pull,
             p.Dump: self.dump,
         }
-        self.server = Server(self.metrics.timed(self.handlers), config.host, config.port, name="node")
+        self.server = Server(self.metrics.timed(self.handlers), config.host, config.port, name="node",
+                             inline=(p.Read, p.Write, p.Scan))
         self.coordinator = AsyncChannel(config.coordinator, name="node", timeout=30.0)
         self._heartbeat: asyncio.Task | None = None
         self._table_lock = asyncio.Lock()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl as _ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +52,10 @@ def _format_address(sockname: tuple) -> str:
 class Server:
     """Serves ``handlers`` (message class -> ``async def handler(msg, conn) -> result``).
 
-    A result is msgpack-native or a ``Message``.
+    A result is msgpack-native or a ``Message``. Requests for the ``inline``
+    operations are handled in the connection's own loop, without a task of
+    their own: cheaper for short operations from blocking clients, which send
+    one request per connection at a time.
     """
 
     def __init__(
@@ -65,11 +68,13 @@ class Server:
         ssl: _ssl.SSLContext | None = None,
         secret: auth.Secret | None = None,
         max_frame: int = MAX_FRAME,
+        inline: Iterable[type[Message]] = (),
     ) -> None:
         for cls in handlers:
             if not (isinstance(cls, type) and issubclass(cls, Message)):
                 raise TypeError(f"handler keys must be Message classes, not {cls!r}")
         self._handlers = {cls.op: handler for cls, handler in handlers.items()}
+        self._inline = frozenset(cls.op for cls in inline)
         self.host, self.port, self.name = host, port, name
         self._ssl, self._secret, self._max_frame = ssl, secret, max_frame
         self._server: asyncio.Server | None = None
@@ -113,6 +118,9 @@ class Server:
             conn = await self._handshake(reader, writer, address)
             while True:
                 rid, wire, deadline = parse_request(await read_frame(reader, self._max_frame))
+                if wire.get("op") in self._inline:
+                    await self._handle(writer, conn, rid, wire, deadline)
+                    continue
                 request = asyncio.create_task(self._handle(writer, conn, rid, wire, deadline))
                 self._requests.add(request)
                 request.add_done_callback(self._requests.discard)
