@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import keys as keyhash
-from .errors import StoreClosedError
+from .errors import CheckpointsNotConfiguredError, StoreClosedError
 from .states import Backend, ListState, MapState, ValueState
 
 
@@ -40,6 +40,44 @@ class Rockstate:
     def stats(self) -> dict:
         """Per state (kind, ttl, keys, bytes) and per partition (keys, bytes)."""
         return self.backend.stats()
+
+    # -- checkpoints (embedded: rockstate.open(..., checkpoints=URL)) ------------
+
+    def checkpoint(self):
+        """Checkpoint every partition now and wait; returns its record (``id``, ``duration``, ``size``,
+        ``bytes_uploaded``, ``max_pause``). Raises ``CheckpointAbortedError`` if it fails."""
+        return self._checkpointer().checkpoint()
+
+    def checkpoints(self) -> list:
+        """The checkpoint history: id, state, trigger, duration, size, bytes uploaded, failure."""
+        return self._checkpointer().checkpoints()
+
+    def restore(self, checkpoint_id: int | None = None, *, savepoint: str | None = None):
+        """Roll every partition back to a completed checkpoint (the latest by default) or a savepoint.
+
+        A corrupt or missing file falls back to the previous checkpoint; the
+        returned result's ``checkpoint_id`` and ``skipped`` say what happened.
+        """
+        return self._checkpointer().restore(checkpoint_id, savepoint=savepoint)
+
+    def savepoint(self, name: str, checkpoint_id: int | None = None):
+        """A self-contained copy of a checkpoint (a new one by default), made by server-side copy."""
+        return self._checkpointer().savepoint(name, checkpoint_id)
+
+    def savepoints(self) -> list:
+        return self._checkpointer().savepoints()
+
+    @property
+    def restored(self):
+        """What was restored when this handle was opened (None if nothing was)."""
+        checkpointer = getattr(self.backend, "checkpointer", None)
+        return None if checkpointer is None else checkpointer.last_restore
+
+    def _checkpointer(self):
+        checkpointer = getattr(self.backend, "checkpointer", None)
+        if checkpointer is None:
+            raise CheckpointsNotConfiguredError("this store has no checkpoint storage: open it with checkpoints=URL")
+        return checkpointer
 
     def close(self) -> None:
         if self._backend is not None:

@@ -45,7 +45,10 @@ def cmd_status(args: argparse.Namespace) -> None:
 
     from .cluster.client import ClusterBackend
 
-    backend = ClusterBackend(args.coordinator, retry_timeout=5.0)
+    from .cluster.security import client_context, load_secret
+
+    backend = ClusterBackend(args.coordinator, retry_timeout=5.0, secret=load_secret(args.secret_file),
+                             ssl=client_context(args.tls_ca_file, args.tls_cert_file, args.tls_key_file))
     try:
         status = backend.status()
     finally:
@@ -89,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="show nodes, partitions per node, the table epoch and recent events")
     p.add_argument("--coordinator", default="127.0.0.1:7700", help="the coordinator's host:port (default: 127.0.0.1:7700)")
     p.add_argument("--json", action="store_true", help="print the raw status as JSON")
+    p.add_argument("--secret-file", help="file holding the cluster's shared secret (default: $ROCKSTATE_SECRET)")
+    p.add_argument("--tls-ca-file", help="PEM CA bundle the coordinator's certificate must chain to (enables TLS)")
+    p.add_argument("--tls-cert-file", help="PEM client certificate, when the cluster requires one")
+    p.add_argument("--tls-key-file", help="PEM key of --tls-cert-file")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("demo", help="run the demo end to end")

@@ -70,7 +70,10 @@ class CoordinatorConfig(Settings):
     max_concurrent_migrations: int = Field(2, ge=1, description="partitions moving at once")
     max_key_bytes: int = Field(16 * MiB, ge=1, description="largest encoded key, for every node")
     max_value_bytes: int = Field(16 * MiB, ge=1, description="largest encoded value, for every node")
-    secret_file: str | None = Field(None, description="file holding the cluster's shared secret")
+    secret_file: str | None = Field(None, description="file holding the cluster's shared secret (or set ROCKSTATE_SECRET)")
+    tls_cert_file: str | None = Field(None, description="PEM certificate this process presents (enables TLS)")
+    tls_key_file: str | None = Field(None, description="PEM private key of tls_cert_file")
+    tls_ca_file: str | None = Field(None, description="PEM CA bundle that peers' certificates must chain to")
 
 
 class NodeConfig(Settings):
@@ -84,4 +87,24 @@ class NodeConfig(Settings):
     heartbeat_interval: float = Field(0.5, gt=0, description="seconds between heartbeats")
     metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus /metrics port (None: off)")
     ttl_sweep_interval: float = Field(60.0, gt=0, description="seconds between removals of expired entries")
-    secret_file: str | None = Field(None, description="file holding the cluster's shared secret")
+    secret_file: str | None = Field(None, description="file holding the cluster's shared secret (or set ROCKSTATE_SECRET)")
+    tls_cert_file: str | None = Field(None, description="PEM certificate this process presents (enables TLS)")
+    tls_key_file: str | None = Field(None, description="PEM private key of tls_cert_file")
+    tls_ca_file: str | None = Field(None, description="PEM CA bundle that peers' certificates must chain to")
+
+
+class CheckpointConfig(Settings):
+    """Checkpoints to external storage (embedded mode; a cluster's coordinator and nodes too)."""
+
+    url: str | None = Field(None, description="storage URL: file:///path, s3://bucket/prefix, hdfs://..., oss://...; None: no checkpoints")
+    storage_options: dict[str, Any] = Field(default_factory=dict, description="passed to the fsspec filesystem (S3: key, secret, endpoint_url...)")
+    cluster: str = Field("default", description="folder under the URL, so clusters can share a bucket")
+    retained: int = Field(3, ge=1, description="completed checkpoints kept; older ones and files only they use are deleted")
+    interval: float | None = Field(None, gt=0, description="seconds between periodic checkpoints; None: manual only")
+    timeout: float = Field(600.0, gt=0, description="a checkpoint not complete after this many seconds is aborted")
+    min_pause: float = Field(0.0, ge=0, description="seconds from the end of one checkpoint to the next periodic one")
+    tolerable_failures: int = Field(3, ge=0, description="consecutive failed checkpoints before periodic ones stop and an error is reported")
+    local_snapshots: int = Field(2, ge=0, description="local snapshots kept per partition, for restores without downloading")
+    transfer_threads: int | None = Field(None, ge=1, description="files uploaded or downloaded at once (None: 16 for object stores, one per core for file systems)")
+    verify_local: bool = Field(True, description="check local snapshot files' checksums before restoring from them")
+    sweep: bool = Field(True, description="after each checkpoint, list the storage and delete files no retained checkpoint uses")

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 from .api import Rockstate
-from .config import StoreConfig, load
+from .config import CheckpointConfig, StoreConfig, load, validate
 from .store import StateSpec, Store
 
 
 class EmbeddedBackend:
-    """Serves the state handles straight from a local ``Store``."""
+    """Serves the state handles straight from a local ``Store``.
 
-    def __init__(self, store: Store) -> None:
+    ``checkpointer`` (a ``LocalCheckpointer``, or None without checkpoint
+    storage) takes, lists and restores checkpoints and savepoints.
+    """
+
+    def __init__(self, store: Store, checkpointer=None) -> None:
         self.store = store
+        self.checkpointer = checkpointer
         self.partitions = store.partitions
         self.max_key_bytes = store.config.max_key_bytes
         self.max_value_bytes = store.config.max_value_bytes
@@ -36,14 +44,75 @@ class EmbeddedBackend:
         return self.store.stats()
 
     def close(self) -> None:
-        self.store.close()
+        try:
+            if self.checkpointer is not None:
+                self.checkpointer.close()
+        finally:
+            self.store.close()
 
 
-def open(path: str, partitions: int = 128, *, config: str | None = None, **settings) -> Rockstate:
+def open(
+    path: str,
+    partitions: int = 128,
+    *,
+    config: str | None = None,
+    checkpoints: str | CheckpointConfig | None = None,
+    storage_options: dict[str, Any] | None = None,
+    retained_checkpoints: int | None = None,
+    checkpoint_interval: float | None = None,
+    cluster: str | None = None,
+    restore_from: int | str | None = None,
+    **settings,
+) -> Rockstate:
     """Open (or create) an embedded store at ``path``.
 
     ``settings`` are ``StoreConfig`` fields (memory_bytes, max_value_bytes, ...);
     ``config`` a YAML file of them.
+
+    Checkpoints: ``checkpoints`` is the storage URL (``file:///dir``,
+    ``s3://bucket/prefix``, ...) or a full ``CheckpointConfig``;
+    ``storage_options`` go to the filesystem (S3 otherwise takes the standard
+    AWS environment variables); ``retained_checkpoints`` (default 3),
+    ``checkpoint_interval`` (seconds; default: manual only) and ``cluster``
+    (the folder under the URL, default "default") override the config's.
+    ``restore_from`` starts from a checkpoint id (int) or a savepoint name
+    (str). Without it, a store with no partition data on disk restores the
+    latest completed checkpoint the storage holds, if any; see
+    ``Rockstate.restored``.
     """
     cfg = load(StoreConfig, config, partitions=partitions, **settings)
-    return Rockstate(EmbeddedBackend(Store(path, cfg)))
+    ckpt_cfg = _checkpoint_config(checkpoints, storage_options, retained_checkpoints, checkpoint_interval, cluster)
+    if ckpt_cfg is None and restore_from is not None:
+        from .errors import CheckpointsNotConfiguredError
+
+        raise CheckpointsNotConfiguredError("restore_from needs checkpoint storage: pass checkpoints=URL")
+    fresh = not _has_partition_data(path)
+    # A store that may be restored right away opens no partition yet: the checkpointer opens them after.
+    store = Store(path, cfg, owned=[] if ckpt_cfg is not None else None)
+    checkpointer = None
+    if ckpt_cfg is not None:
+        from .checkpoint.local import open_checkpointer
+
+        try:
+            checkpointer = open_checkpointer(store, ckpt_cfg, restore_from, fresh)
+        except BaseException:
+            store.close()
+            raise
+    return Rockstate(EmbeddedBackend(store, checkpointer))
+
+
+def _checkpoint_config(checkpoints, storage_options, retained, interval, cluster) -> CheckpointConfig | None:
+    if checkpoints is None:
+        return None
+    base = checkpoints.model_dump() if isinstance(checkpoints, CheckpointConfig) else {"url": checkpoints}
+    overrides = {"storage_options": storage_options, "retained": retained, "interval": interval, "cluster": cluster}
+    base.update({k: v for k, v in overrides.items() if v is not None})
+    return validate(CheckpointConfig, base)
+
+
+def _has_partition_data(path: str) -> bool:
+    try:
+        names = os.listdir(path)
+    except FileNotFoundError:
+        return False
+    return any(n.startswith("p") and os.path.exists(os.path.join(path, n, "CURRENT")) for n in names)

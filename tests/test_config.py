@@ -4,16 +4,17 @@ import pathlib
 
 import pytest
 
-from rockstate.config import CoordinatorConfig, NodeConfig, StoreConfig, load
+from rockstate.config import CheckpointConfig, CoordinatorConfig, NodeConfig, StoreConfig, load
 from rockstate.errors import ConfigError
 
 DOC = (pathlib.Path(__file__).parent.parent / "docs" / "configuration.md").read_text()
 
 
-@pytest.mark.parametrize("model", [CoordinatorConfig, NodeConfig, StoreConfig])
+@pytest.mark.parametrize("model", [CoordinatorConfig, NodeConfig, StoreConfig, CheckpointConfig])
 def test_every_setting_is_documented_with_its_default(model):
     for name, field in model.model_fields.items():
-        assert f"| `{name}` | `{field.default}` |" in DOC, f"{model.__name__}.{name} is not in docs/configuration.md"
+        default = field.default if field.default_factory is None else field.default_factory()
+        assert f"| `{name}` | `{default}` |" in DOC, f"{model.__name__}.{name} is not in docs/configuration.md"
 
 
 def test_yaml_then_environment_then_overrides(tmp_path, monkeypatch):

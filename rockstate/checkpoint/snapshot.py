@@ -43,7 +43,7 @@ from typing import Collection
 
 from rocksdict import Checkpoint
 
-from ..errors import StoreClosedError
+from ..errors import CheckpointAbortedError, StoreClosedError
 from ..store.partition import Partition
 from ..store.store import write_json
 from .manifest import FileEntry, PartitionManifest
@@ -195,8 +195,13 @@ class Snapshotter:
             pause = time.perf_counter() - start
         return LocalSnapshot(pid, checkpoint_id, target, states, pause, time.time())
 
-    def async_phase(self, snap: LocalSnapshot, retained: Collection[int] | None = None) -> PartitionManifest:
-        """Upload what the storage lacks, then the private files, then the manifest; returns the manifest."""
+    def async_phase(
+        self, snap: LocalSnapshot, retained: Collection[int] | None = None, cancel: threading.Event | None = None
+    ) -> PartitionManifest:
+        """Upload what the storage lacks, then the private files, then the manifest; returns the manifest.
+
+        ``cancel`` set (the checkpoint was aborted) stops it before its next file.
+        """
         start = time.perf_counter()
         pid, chk = snap.partition, snap.checkpoint_id
         tracker = self.tracker(pid)
@@ -214,6 +219,7 @@ class Snapshotter:
 
         def upload(item: tuple[str, str, bool]) -> FileEntry:
             name, rel, is_sst = item
+            _check(cancel, chk)
             size, checksum = self.storage.upload(os.path.join(snap.path, name), rel)
             return FileEntry(name, rel, size, checksum, is_sst, uploaded=True)
 
@@ -231,6 +237,7 @@ class Snapshotter:
             sync_seconds=snap.pause_seconds,
         )
         manifest.async_seconds = time.perf_counter() - start
+        _check(cancel, chk)
         self.storage.write_bytes(manifest_path(chk, pid), manifest.to_json())
         tracker.add_pending(chk, {e.name: e for e in manifest.files if e.shared})
         self._prune_local(pid)
@@ -272,6 +279,11 @@ class Snapshotter:
         snaps = sorted(self.local_snapshots(pid))
         for chk in snaps[: max(0, len(snaps) - self.keep_local)]:
             shutil.rmtree(self.local_path(pid, chk), ignore_errors=True)
+
+
+def _check(cancel: threading.Event | None, checkpoint_id: int) -> None:
+    if cancel is not None and cancel.is_set():
+        raise CheckpointAbortedError(f"checkpoint {checkpoint_id} was aborted", checkpoint_id=checkpoint_id)
 
 
 def _flush(partition: Partition) -> None:

@@ -91,7 +91,7 @@ def join(*parts: str) -> str:
 class CheckpointStorage:
     """One cluster's checkpoints at ``url``: ``<url>/<cluster>/...``."""
 
-    def __init__(self, url: str, storage_options: dict | None = None, cluster: str = "default", workers: int = 8) -> None:
+    def __init__(self, url: str, storage_options: dict | None = None, cluster: str = "default", workers: int | None = None) -> None:
         options = dict(storage_options or {})
         protocol = url.split("://", 1)[0] if "://" in url else "file"
         if protocol in ("s3", "s3a"):
@@ -109,6 +109,9 @@ class CheckpointStorage:
         self.protocol = protocol
         self.atomic_put = protocol in OBJECT_STORES
         self.base = f"{root.rstrip('/')}/{cluster}"
+        if workers is None:  # object stores wait on the network; file systems on the CPU (checksums): a thread per core
+            workers = 16 if self.atomic_put else max(2, os.cpu_count() or 1)
+        self.workers = workers
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rockstate-storage")
 
     def __repr__(self) -> str:
@@ -234,13 +237,15 @@ class CheckpointStorage:
 
     def delete(self, rels: Iterable[str]) -> None:
         """Delete files; one already gone is fine."""
-        paths = [self.full(r) for r in rels]
+        if isinstance(rels, str):
+            raise TypeError("delete() takes a list of paths")
+        paths = [self.full(self._below(r)) for r in rels]
         if paths:
             self._rm_quietly(paths)
 
     def delete_tree(self, rel: str) -> None:
         try:
-            self.fs.rm(self.full(rel), recursive=True)
+            self.fs.rm(self.full(self._below(rel)), recursive=True)
         except FileNotFoundError:
             pass
 
@@ -261,6 +266,14 @@ class CheckpointStorage:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     # -- helpers ----------------------------------------------------------------
+
+    @staticmethod
+    def _below(rel: str) -> str:
+        """Refuse a path that is not strictly inside the cluster's folder (deleting it would delete everything)."""
+        parts = rel.strip("/").split("/")
+        if not rel.strip("/") or any(p in ("", ".", "..") for p in parts):
+            raise ValueError(f"refusing to delete {rel!r}: not a path inside the checkpoint storage")
+        return rel
 
     def _fresh(self) -> None:
         if self.atomic_put:

@@ -13,6 +13,7 @@ was lost may be applied twice (at-least-once).
 from __future__ import annotations
 
 import itertools
+from ssl import SSLContext
 import threading
 import time
 from typing import Any, Callable
@@ -22,18 +23,22 @@ from ..errors import ClusterTimeoutError, PartitionUnavailableError, RockstateEr
 from ..rpc.client import Channel, call_many
 from ..store import StateSpec
 from . import protocol as p
+from .security import load_secret
 from .table import Table
 
 BACKOFF = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 
 
 class ClusterBackend:
-    def __init__(self, address: str, *, timeout: float = 30.0, retry_timeout: float = 30.0, secret: bytes | None = None) -> None:
+    def __init__(self, address: str, *, timeout: float = 30.0, retry_timeout: float = 30.0,
+                 secret: bytes | str | None = None, ssl: SSLContext | None = None) -> None:
+        """``secret``: the cluster's shared secret (default: $ROCKSTATE_SECRET); ``ssl``: a client TLS context."""
         self.address = address
         self.retry_timeout = retry_timeout
         self._timeout = timeout
-        self._secret = secret
-        self._coordinator = Channel(address, timeout=timeout, secret=secret, name="client")
+        self._secret = load_secret(None) if secret is None else secret
+        self._ssl = ssl
+        self._coordinator = self._new_channel(address)
         self._channels: dict[str, Channel] = {}
         self._lock = threading.Lock()
         self.table: Table = self._fetch_table()
@@ -54,11 +59,14 @@ class ClusterBackend:
                 self.table = table
             return self.table
 
+    def _new_channel(self, address: str) -> Channel:
+        return Channel(address, timeout=self._timeout, secret=self._secret, ssl=self._ssl, name="client")
+
     def _channel(self, address: str) -> Channel:
         with self._lock:
             channel = self._channels.get(address)
             if channel is None:
-                channel = self._channels[address] = Channel(address, timeout=self._timeout, secret=self._secret, name="client")
+                channel = self._channels[address] = self._new_channel(address)
             return channel
 
     def _routed(self, groups: dict[int, Any], make: Callable[[int, list], p.Write | p.Read]) -> dict[int, Any]:

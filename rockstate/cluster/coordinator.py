@@ -29,6 +29,7 @@ from ..store import StateSpec
 from ..store.store import read_json, write_json
 from . import protocol as p
 from .assignment import assign
+from .security import Security
 from .table import Table
 
 log = logging.getLogger(__name__)
@@ -42,9 +43,10 @@ class Member:
     last_seen: float = 0.0  # time.monotonic()
     channel: AsyncChannel | None = None
 
-    def rpc(self) -> AsyncChannel:
+    def rpc(self, security: Security) -> AsyncChannel:
         if self.channel is None or self.channel.address != self.address:
-            self.channel = AsyncChannel(self.address, name="coordinator", timeout=60.0)
+            self.channel = AsyncChannel(self.address, name="coordinator", timeout=60.0,
+                                        ssl=security.client_ssl, secret=security.secret)
         return self.channel
 
 
@@ -70,7 +72,9 @@ class Coordinator:
             p.Count: self.count,
             p.Status: self.status,
         }
-        self.server = Server(self.handlers, config.host, config.port, name="coordinator")
+        self.security = Security.from_config(config)
+        self.server = Server(self.handlers, config.host, config.port, name="coordinator",
+                             ssl=self.security.server_ssl, secret=self.security.secret)
         self._rebalance_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
 
@@ -216,11 +220,11 @@ class Coordinator:
         if src is not None and src.status in ("alive", "leaving"):
             self._event("migration_started", partition=pid, source=source, target=target)
             started = time.monotonic()
-            await src.rpc().call(p.Freeze(partition=pid))
+            await src.rpc(self.security).call(p.Freeze(partition=pid))
             try:
-                copied = await self.members[target].rpc().call(p.Pull(partition=pid, source=src.address), timeout=600.0)
+                copied = await self.members[target].rpc(self.security).call(p.Pull(partition=pid, source=src.address), timeout=600.0)
             except RockstateError:
-                await src.rpc().call(p.Freeze(partition=pid, frozen=False))
+                await src.rpc(self.security).call(p.Freeze(partition=pid, frozen=False))
                 raise
             await self._commit_owner(pid, target, dict(
                 event="migration_finished", partition=pid, source=source, target=target, bytes=copied,
@@ -239,7 +243,7 @@ class Coordinator:
 
     async def _broadcast(self, msg, include_leaving: bool = False) -> list:
         targets = [m for m in self.members.values() if m.status == "alive" or (include_leaving and m.status == "leaving")]
-        results = await asyncio.gather(*(m.rpc().call(msg) for m in targets), return_exceptions=True)
+        results = await asyncio.gather(*(m.rpc(self.security).call(msg) for m in targets), return_exceptions=True)
         for m, r in zip(targets, results):
             if isinstance(r, BaseException):
                 log.warning("%s to %s failed: %s", msg.op, m.node_id, r)

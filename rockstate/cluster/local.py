@@ -28,6 +28,7 @@ from ..store.store import read_json
 from .client import ClusterBackend, connect
 from .coordinator import Coordinator
 from .node import Node
+from .security import client_context
 
 START_TIMEOUT = 60.0
 
@@ -61,7 +62,11 @@ class LocalCluster:
         processes: bool = True,
         heartbeat_timeout: float = 3.0,
         node_memory_bytes: int = 64 << 20,
+        secret: str | None = None,
+        tls: dict[str, str] | None = None,
     ) -> None:
+        """``secret``: a shared secret every connection must prove; ``tls``: {"cert", "key", "ca"} PEM
+        files used by every process (and ``ca`` by clients from ``connect()``)."""
         self.partitions = partitions
         self._initial_nodes = nodes
         self._own_root = root is None
@@ -70,6 +75,15 @@ class LocalCluster:
         self.node_memory_bytes = node_memory_bytes
         self.processes = processes
         self._runner = _ProcessRunner(self.root) if processes else _ThreadRunner()
+        self.secret = secret
+        self._security: dict[str, str | None] = {"secret_file": None, "tls_cert_file": None, "tls_key_file": None, "tls_ca_file": None}
+        if secret:
+            path = os.path.join(self.root, "secret")
+            with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+                f.write(secret)
+            self._security["secret_file"] = path
+        if tls:
+            self._security.update(tls_cert_file=tls["cert"], tls_key_file=tls["key"], tls_ca_file=tls["ca"])
         self._node_dirs: dict[str, str] = {}  # node id -> data dir
         self._next_dir = 0
         self.address = ""
@@ -79,7 +93,7 @@ class LocalCluster:
     def _coordinator_config(self, port: int) -> CoordinatorConfig:
         return CoordinatorConfig(
             host="127.0.0.1", port=port, data_dir=os.path.join(self.root, "coordinator"),
-            partitions=self.partitions, heartbeat_timeout=self.heartbeat_timeout,
+            partitions=self.partitions, heartbeat_timeout=self.heartbeat_timeout, **self._security,
         )
 
     def start(self) -> "LocalCluster":
@@ -114,11 +128,14 @@ class LocalCluster:
 
     # -- clients -----------------------------------------------------------
 
+    def _client_options(self) -> dict:
+        return {"secret": self.secret, "ssl": client_context(self._security["tls_ca_file"])}
+
     def connect(self, **options: Any) -> Rockstate:
-        return connect(self.address, **options)
+        return connect(self.address, **{**self._client_options(), **options})
 
     def status(self) -> dict:
-        backend = ClusterBackend(self.address)
+        backend = ClusterBackend(self.address, **self._client_options())
         try:
             return backend.status()
         finally:
@@ -150,6 +167,7 @@ class LocalCluster:
         config = NodeConfig(
             coordinator=self.address, host="127.0.0.1", port=0, data_dir=data_dir,
             memory_bytes=self.node_memory_bytes, heartbeat_interval=min(0.5, self.heartbeat_timeout / 5),
+            **self._security,
         )
         info = self._runner.start_node(config)
         self._node_dirs[info.node_id] = data_dir
@@ -185,6 +203,14 @@ class _ProcessRunner:
         self.coordinator: subprocess.Popen | None = None
         self.procs: dict[str, tuple[subprocess.Popen, NodeInfo]] = {}
 
+    @staticmethod
+    def _security_flags(config) -> list[str]:
+        flags = []
+        for name in ("secret_file", "tls_cert_file", "tls_key_file", "tls_ca_file"):
+            if getattr(config, name):
+                flags += [f"--{name.replace('_', '-')}", getattr(config, name)]
+        return flags
+
     def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen:
         log = open(os.path.join(self.logs, log_name), "ab")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -207,7 +233,8 @@ class _ProcessRunner:
     def start_coordinator(self, config: CoordinatorConfig) -> str:
         self.coordinator = self._spawn(
             ["coordinator", "--host", config.host, "--port", str(config.port), "--data-dir", config.data_dir,
-             "--partitions", str(config.partitions), "--heartbeat-timeout", str(config.heartbeat_timeout)],
+             "--partitions", str(config.partitions), "--heartbeat-timeout", str(config.heartbeat_timeout),
+             *self._security_flags(config)],
             "coordinator.log",
         )
         return self._address_of(self.coordinator, config.data_dir, "the coordinator")["address"]
@@ -216,7 +243,7 @@ class _ProcessRunner:
         proc = self._spawn(
             ["node", "--coordinator", config.coordinator, "--host", config.host, "--port", "0",
              "--data-dir", config.data_dir, "--memory-bytes", str(config.memory_bytes),
-             "--heartbeat-interval", str(config.heartbeat_interval)],
+             "--heartbeat-interval", str(config.heartbeat_interval), *self._security_flags(config)],
             f"{os.path.basename(config.data_dir)}.log",
         )
         try:

@@ -24,6 +24,7 @@ from ..store import StateSpec, Store, staging
 from ..store.store import read_json, write_json
 from . import protocol as p
 from .metrics import NodeMetrics
+from .security import Security
 from .table import Table
 
 log = logging.getLogger(__name__)
@@ -59,12 +60,16 @@ class Node:
             p.Pull: self.pull,
             p.Dump: self.dump,
         }
+        self.security = Security.from_config(config)
         self.server = Server(self.metrics.timed(self.handlers), config.host, config.port, name="node",
-                             inline=(p.Read, p.Write, p.Scan))
-        self.coordinator = AsyncChannel(config.coordinator, name="node", timeout=30.0)
+                             inline=(p.Read, p.Write, p.Scan), ssl=self.security.server_ssl, secret=self.security.secret)
+        self.coordinator = self._peer(config.coordinator, timeout=30.0)
         self._heartbeat: asyncio.Task | None = None
         self._table_lock = asyncio.Lock()
         self.stopped = asyncio.Event()
+
+    def _peer(self, address: str, timeout: float) -> AsyncChannel:
+        return AsyncChannel(address, name="node", timeout=timeout, ssl=self.security.client_ssl, secret=self.security.secret)
 
     @property
     def _identity_path(self) -> str:
@@ -242,7 +247,7 @@ class Node:
             raise ClusterError(f"node {self.node_id} already owns partition {pid}")
         self.store.close_partition(pid, drop=True)
         part = self.store.open_partition(pid)
-        source = AsyncChannel(msg.source, name="node", timeout=60.0)
+        source = self._peer(msg.source, timeout=60.0)
         copied = 0
         try:
             for state in [*self.store.specs, *staging.INTERNAL_STATES]:

@@ -1,0 +1,35 @@
+"""Checkpoints: barrier snapshots of every partition, incremental upload, restore, savepoints.
+
+Layers (as in Flink's RocksDB backend):
+
+- ``storage``: the external layout over fsspec URLs (file://, s3://, ...).
+- ``manifest``: the partition manifest and the checkpoint ``_metadata``.
+- ``snapshot``: a partition's sync phase (hard-link checkpoint under its lock)
+  and async phase (incremental upload); used by a node for each partition.
+- ``restore``: a partition from its manifest; choosing a checkpoint, with fallback.
+- ``savepoint``: self-contained copies by server-side copy.
+- ``coordinator``: the I/O-free state machine (triggers, acks, timeouts, retention).
+- ``local``: the driver for embedded mode.
+"""
+
+from .coordinator import CheckpointCoordinator, CheckpointPolicy, CheckpointRecord
+from .manifest import CheckpointMetadata, FileEntry, PartitionManifest
+from .restore import RestoreResult, SkippedCheckpoint, restore_partition
+from .savepoint import SavepointInfo
+from .snapshot import Snapshotter
+from .storage import CheckpointStorage
+
+__all__ = [
+    "CheckpointCoordinator",
+    "CheckpointMetadata",
+    "CheckpointPolicy",
+    "CheckpointRecord",
+    "CheckpointStorage",
+    "FileEntry",
+    "PartitionManifest",
+    "RestoreResult",
+    "SavepointInfo",
+    "SkippedCheckpoint",
+    "Snapshotter",
+    "restore_partition",
+]

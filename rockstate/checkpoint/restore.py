@@ -1,0 +1,250 @@
+"""Restore: one partition from its manifest, and the choice of a checkpoint to restore.
+
+``restore_partition`` fills an empty directory with a partition's RocksDB
+files: each file is taken from a local snapshot when one holds a file of the
+same name, size and checksum (SSTs are hard-linked, the small private files
+copied, since RocksDB may rewrite those), else downloaded, in parallel; every
+file is checked against the manifest's size and checksum. A missing or bad
+file raises ``CorruptCheckpointError`` naming it.
+
+``restore_with_fallback`` tries the requested (or latest) completed
+checkpoint, and on a corrupt or missing file falls back to the previous
+completed one, and so on; each skip is logged as a warning and returned.
+A checkpoint without ``_metadata`` was never completed and is never used.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence, TypeVar
+
+from ..errors import CheckpointNotFoundError, CorruptCheckpointError
+from .manifest import CheckpointMetadata, FileEntry, PartitionManifest, checksum_bytes, checksum_file
+from .storage import CheckpointStorage, join, metadata_path
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass
+class PartitionRestore:
+    """How one partition was restored."""
+
+    partition: int
+    checkpoint_id: int
+    files_local: int = 0  # taken from a local snapshot (hard link or copy)
+    files_downloaded: int = 0
+    bytes_local: int = 0
+    bytes_downloaded: int = 0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class SkippedCheckpoint:
+    checkpoint_id: int
+    reason: str
+
+
+@dataclass
+class RestoreResult:
+    """What a restore did: the checkpoint it restored, the ones it skipped, and per partition how."""
+
+    checkpoint_id: int
+    source: str  # "checkpoint" or "savepoint <name>"
+    skipped: list[SkippedCheckpoint] = field(default_factory=list)
+    partitions: list[PartitionRestore] = field(default_factory=list)
+    seconds: float = 0.0  # all of it
+    fetch_seconds: float = 0.0  # getting the files in place (download or local copy, checked)
+    open_seconds: float = 0.0  # swapping the partitions in and opening them
+
+    @property
+    def fell_back(self) -> bool:
+        return bool(self.skipped)
+
+    @property
+    def bytes_downloaded(self) -> int:
+        return sum(p.bytes_downloaded for p in self.partitions)
+
+    @property
+    def bytes_local(self) -> int:
+        return sum(p.bytes_local for p in self.partitions)
+
+
+# -- reading a checkpoint's description ------------------------------------------------
+
+
+def load_metadata(storage: CheckpointStorage, checkpoint_id: int, base: str = "") -> CheckpointMetadata:
+    rel = join(base, metadata_path(checkpoint_id))
+    try:
+        data = storage.read_bytes(rel)
+    except CorruptCheckpointError:
+        raise CheckpointNotFoundError(f"checkpoint {checkpoint_id} is not completed in {storage.url} (no {rel})", checkpoint_id=checkpoint_id) from None
+    meta = CheckpointMetadata.from_json(data, rel)
+    if meta.checkpoint_id != checkpoint_id:
+        raise CorruptCheckpointError(f"{rel} describes checkpoint {meta.checkpoint_id}", path=rel)
+    return meta
+
+
+def load_manifest(storage: CheckpointStorage, meta: CheckpointMetadata, pid: int, base: str = "") -> PartitionManifest:
+    """A partition's manifest, checked against the size and checksum ``_metadata`` gives it."""
+    ref = meta.manifest_ref(pid)
+    rel = join(base, ref.path)
+    data = storage.read_bytes(rel)
+    if len(data) != ref.size or checksum_bytes(data) != ref.checksum:
+        raise CorruptCheckpointError(f"{rel} does not match its size and checksum in _metadata", path=rel)
+    manifest = PartitionManifest.from_json(data, rel)
+    if (manifest.partition, manifest.checkpoint_id) != (pid, meta.checkpoint_id):
+        raise CorruptCheckpointError(f"{rel} is the manifest of p{manifest.partition} in checkpoint {manifest.checkpoint_id}", path=rel)
+    return manifest
+
+
+def load_manifests(storage: CheckpointStorage, meta: CheckpointMetadata, pids: Iterable[int] | None = None, base: str = "") -> dict[int, PartitionManifest]:
+    pids = list(range(meta.partitions) if pids is None else pids)
+    return dict(zip(pids, storage.parallel(lambda p: load_manifest(storage, meta, p, base), pids)))
+
+
+# -- restoring partitions ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PartitionTarget:
+    """One partition to restore: its manifest, the new directory to fill, local snapshot directories to take files from."""
+
+    manifest: PartitionManifest
+    target: str
+    local_dirs: tuple[str, ...] = ()
+
+
+def restore_partition(
+    storage: CheckpointStorage,
+    manifest: PartitionManifest,
+    target: str,
+    local_dirs: Iterable[str] = (),
+    base: str = "",
+    verify_local: bool = True,
+) -> PartitionRestore:
+    """Fill the new directory ``target`` with the partition's files; on failure ``target`` is removed.
+
+    ``local_dirs``: local snapshot directories of the partition to take files
+    from, best first. ``base``: the folder the manifest's paths are relative to
+    (a savepoint's). May be retried.
+    """
+    return restore_partitions(storage, [PartitionTarget(manifest, target, tuple(local_dirs))], base, verify_local)[0]
+
+
+def restore_partitions(
+    storage: CheckpointStorage, parts: Sequence[PartitionTarget], base: str = "", verify_local: bool = True
+) -> list[PartitionRestore]:
+    """``restore_partition`` for several partitions at once: every file of every partition on one pool.
+
+    On failure every target is removed. May be retried.
+    """
+    start = time.perf_counter()
+    jobs: list[tuple[int, FileEntry, list[str]]] = []
+    for i, part in enumerate(parts):
+        index: dict[str, list[str]] = {}
+        for d in part.local_dirs:
+            try:
+                for name in os.listdir(d):
+                    index.setdefault(name, []).append(os.path.join(d, name))
+            except FileNotFoundError:
+                continue
+        if os.path.exists(part.target):
+            shutil.rmtree(part.target)
+        os.makedirs(part.target)
+        jobs += [(i, entry, index.get(entry.name, [])) for entry in part.manifest.files]
+
+    def fetch(job: tuple[int, FileEntry, list[str]]) -> tuple[int, bool, int]:
+        i, entry, candidates = job
+        manifest, dest = parts[i].manifest, os.path.join(parts[i].target, entry.name)
+        source = _local_copy(entry, candidates, verify_local)
+        if source is not None:
+            os.link(source, dest) if entry.shared else shutil.copyfile(source, dest)  # RocksDB may rewrite private files
+            return i, True, entry.size
+        try:
+            return i, False, storage.download(join(base, entry.path), dest, entry.size, entry.checksum)
+        except CorruptCheckpointError as exc:
+            exc.data.update(checkpoint_id=manifest.checkpoint_id, partition=manifest.partition)
+            raise
+
+    stats = [PartitionRestore(p.manifest.partition, p.manifest.checkpoint_id) for p in parts]
+    try:
+        for i, local, size in storage.parallel(fetch, jobs):
+            if local:
+                stats[i].files_local += 1
+                stats[i].bytes_local += size
+            else:
+                stats[i].files_downloaded += 1
+                stats[i].bytes_downloaded += size
+    except BaseException:
+        for part in parts:
+            shutil.rmtree(part.target, ignore_errors=True)
+        raise
+    for st in stats:
+        st.seconds = time.perf_counter() - start
+    return stats
+
+
+def _local_copy(entry: FileEntry, candidates: Iterable[str], verify: bool) -> str | None:
+    for path in candidates:
+        try:
+            if os.path.getsize(path) != entry.size:
+                continue
+            if verify and checksum_file(path)[1] != entry.checksum:
+                continue
+        except FileNotFoundError:
+            continue
+        return path
+    return None
+
+
+# -- choosing the checkpoint --------------------------------------------------------------
+
+
+def candidates(storage: CheckpointStorage, checkpoint_id: int | None = None, base: str = "") -> list[int]:
+    """Completed checkpoints to try, newest first: ``checkpoint_id`` (or the latest), then older ones."""
+    completed = storage.completed_ids(base)
+    if checkpoint_id is not None:
+        if checkpoint_id not in completed:
+            raise CheckpointNotFoundError(
+                f"no completed checkpoint {checkpoint_id} in {storage.url} (completed: {completed[-10:] or 'none'})", checkpoint_id=checkpoint_id
+            )
+        completed = [c for c in completed if c <= checkpoint_id]
+    if not completed:
+        raise CheckpointNotFoundError(f"no completed checkpoint in {storage.url}/{storage.cluster}")
+    return sorted(completed, reverse=True)
+
+
+def restore_with_fallback(
+    storage: CheckpointStorage,
+    attempt: Callable[[CheckpointMetadata], T],
+    ids: list[int],
+    fallback: bool = True,
+    base: str = "",
+) -> tuple[CheckpointMetadata, T, list[SkippedCheckpoint]]:
+    """Run ``attempt`` on each checkpoint of ``ids`` in turn until one is not corrupt.
+
+    ``attempt`` must leave nothing half-done when it raises CorruptCheckpointError.
+    """
+    skipped: list[SkippedCheckpoint] = []
+    for chk in ids:
+        try:
+            meta = load_metadata(storage, chk, base)
+            return meta, attempt(meta), skipped
+        except (CorruptCheckpointError, CheckpointNotFoundError) as exc:
+            skipped.append(SkippedCheckpoint(chk, exc.message))
+            if not fallback:
+                raise
+            log.warning("checkpoint %s cannot be restored (%s); trying the previous one", chk, exc.message)
+    raise CorruptCheckpointError(
+        "no checkpoint could be restored: " + "; ".join(f"{s.checkpoint_id}: {s.reason}" for s in skipped),
+        skipped=[s.__dict__ for s in skipped],
+    )
