@@ -19,6 +19,9 @@ import time
 from typing import Any, Callable
 
 from ..api import Rockstate
+from ..checkpoint.coordinator import CheckpointRecord
+from ..checkpoint.restore import PartitionRestore, RestoreResult, SkippedCheckpoint
+from ..checkpoint.savepoint import SavepointInfo
 from ..errors import ClusterTimeoutError, PartitionUnavailableError, RockstateError
 from ..rpc.client import Channel, call_many
 from ..store import StateSpec
@@ -175,6 +178,12 @@ class ClusterBackend:
         return self._routed(dict.fromkeys(range(self.partitions)), lambda epoch, groups: p.CommittedBatch(
             epoch=epoch, query=query, groups=groups))
 
+    # -- checkpoints ---------------------------------------------------------------
+
+    @property
+    def checkpointer(self) -> "ClusterCheckpointClient":
+        return ClusterCheckpointClient(self._coordinator)
+
     def count(self, state: str) -> int:
         return self._coordinator.call(p.Count(state=state))
 
@@ -190,6 +199,34 @@ class ClusterBackend:
             for channel in self._channels.values():
                 channel.close()
             self._channels.clear()
+
+
+class ClusterCheckpointClient:
+    """The cluster's checkpoints, as ``Rockstate.checkpoint()`` and friends see them."""
+
+    TIMEOUT = 3600.0
+
+    def __init__(self, coordinator: Channel) -> None:
+        self._coordinator = coordinator
+        self.last_restore: RestoreResult | None = None
+
+    def checkpoint(self) -> CheckpointRecord:
+        return CheckpointRecord(**self._coordinator.call(p.TriggerCheckpoint(), timeout=self.TIMEOUT))
+
+    def checkpoints(self) -> list[CheckpointRecord]:
+        return [CheckpointRecord(**r) for r in self._coordinator.call(p.ListCheckpoints())]
+
+    def restore(self, checkpoint_id: int | None = None, savepoint: str | None = None) -> RestoreResult:
+        r = self._coordinator.call(p.RestoreCluster(checkpoint=checkpoint_id, savepoint=savepoint), timeout=self.TIMEOUT)
+        self.last_restore = RestoreResult(r["checkpoint_id"], r["source"], [SkippedCheckpoint(**s) for s in r["skipped"]],
+                                          [PartitionRestore(**s) for s in r["partitions"]])
+        return self.last_restore
+
+    def savepoint(self, name: str, checkpoint_id: int | None = None) -> SavepointInfo:
+        return SavepointInfo(**self._coordinator.call(p.CreateSavepoint(name=name, checkpoint=checkpoint_id), timeout=self.TIMEOUT))
+
+    def savepoints(self) -> list[SavepointInfo]:
+        return [SavepointInfo(**s) for s in self._coordinator.call(p.ListSavepoints())]
 
 
 def connect(address: str, **options: Any) -> Rockstate:

@@ -21,14 +21,15 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from ..config import CoordinatorConfig
-from ..errors import ClusterError, RockstateError, UnknownNodeError, UnknownStateError
+from ..config import CheckpointConfig, CoordinatorConfig
+from ..errors import CheckpointsNotConfiguredError, ClusterError, PartitionUnavailableError, RockstateError, UnknownNodeError, UnknownStateError
 from ..rpc.client import AsyncChannel
 from ..rpc.server import Server
 from ..store import StateSpec
 from ..store.store import read_json, write_json
 from . import protocol as p
 from .assignment import assign
+from .checkpointing import ClusterCheckpoints
 from .security import Security
 from .table import Table
 
@@ -71,12 +72,26 @@ class Coordinator:
             p.ClusterStats: self.cluster_stats,
             p.Count: self.count,
             p.Status: self.status,
+            p.TriggerCheckpoint: self.trigger_checkpoint,
+            p.ListCheckpoints: self.list_checkpoints,
+            p.RestoreCluster: self.restore_cluster,
+            p.CreateSavepoint: self.create_savepoint,
+            p.ListSavepoints: self.list_savepoints,
         }
         self.security = Security.from_config(config)
+        self.checkpoints = ClusterCheckpoints(self, self.checkpoint_config) if config.checkpoints else None
+        # a new cluster on a storage that holds checkpoints starts from the latest one
+        self._restore_on_start = not saved and self.checkpoints is not None and self.checkpoints.latest() is not None
         self.server = Server(self.handlers, config.host, config.port, name="coordinator",
                              ssl=self.security.server_ssl, secret=self.security.secret)
-        self._rebalance_lock = asyncio.Lock()
+        self.table_lock = asyncio.Lock()  # held while partitions move, and by checkpoints and restores
         self._tasks: set[asyncio.Task] = set()
+
+    @property
+    def checkpoint_config(self) -> CheckpointConfig:
+        c = self.config
+        return CheckpointConfig(url=c.checkpoints, cluster=c.cluster_name, retained=c.retained_checkpoints,
+                                interval=c.checkpoint_interval, timeout=c.checkpoint_timeout)
 
     @property
     def _state_path(self) -> str:
@@ -94,7 +109,7 @@ class Coordinator:
             "next_id": self._next_id,
         })
 
-    def _event(self, event: str, **data) -> None:
+    def event(self, event: str, **data) -> None:
         self.events.append({"time": time.time(), "event": event, **data})
         log.info("event %s %s", event, data)
 
@@ -108,6 +123,8 @@ class Coordinator:
     async def start(self) -> None:
         await self.server.start()
         self._spawn(self._monitor())
+        if self.checkpoints is not None and self.config.checkpoint_interval:
+            self._spawn(self.checkpoints.periodic())
         write_json(os.path.join(self.data_dir, "address.json"), {"address": self.address, "pid": os.getpid()})
         log.info("coordinator serving on %s with %d partitions", self.address, self.table.partitions)
 
@@ -127,8 +144,10 @@ class Coordinator:
             for m in self.members.values():
                 if m.status == "alive" and now - m.last_seen > self.config.heartbeat_timeout:
                     m.status = "dead"
-                    self._event("member_dead", node=m.node_id, address=m.address)
+                    self.event("member_dead", node=m.node_id, address=m.address)
                     self._save()
+                    if self.checkpoints is not None:
+                        self._spawn(self._failover(m.node_id))
 
     def alive(self) -> list[Member]:
         return [m for m in self.members.values() if m.status == "alive"]
@@ -142,9 +161,9 @@ class Coordinator:
                 node_id = f"node-{self._next_id}"
                 self._next_id += 1
             self.members[node_id] = Member(node_id, msg.address)
-            self._event("member_joined", node=node_id, address=msg.address)
+            self.event("member_joined", node=node_id, address=msg.address)
         else:
-            self._event("member_returned", node=node_id, address=msg.address)
+            self.event("member_returned", node=node_id, address=msg.address)
         member = self.members[node_id]
         member.address, member.status, member.last_seen = msg.address, "alive", time.monotonic()
         addresses = {m.node_id: m.address for m in self.members.values()}
@@ -158,6 +177,7 @@ class Coordinator:
             "table": self.table.to_wire(),
             "states": [s.to_dict() for s in self.specs.values()],
             "limits": {"max_key_bytes": self.config.max_key_bytes, "max_value_bytes": self.config.max_value_bytes},
+            "checkpoints": self.checkpoint_config.model_dump() if self.checkpoints else None,
         }
 
     async def heartbeat(self, msg: p.Heartbeat, conn) -> int:
@@ -166,7 +186,7 @@ class Coordinator:
             raise UnknownNodeError(f"node {msg.node_id} is not a member; register again")
         if member.status == "dead":
             member.status = "alive"
-            self._event("member_returned", node=member.node_id, address=member.address)
+            self.event("member_returned", node=member.node_id, address=member.address)
             self._save()
         member.last_seen = time.monotonic()
         return self.table.epoch
@@ -178,13 +198,13 @@ class Coordinator:
         others = [m for m in self.alive() if m.node_id != msg.node_id]
         if not others:  # nobody to take its partitions: they wait on its disk for its return
             member.status = "dead"
-            self._event("member_stopped", node=member.node_id, reason="last node; partitions stay on its disk")
+            self.event("member_stopped", node=member.node_id, reason="last node; partitions stay on its disk")
             self._save()
             return {"moved": 0}
         member.status = "leaving"
         moved = await self._rebalance()
         member.status = "left"
-        self._event("member_left", node=member.node_id)
+        self.event("member_left", node=member.node_id)
         self._save()
         return {"moved": moved}
 
@@ -198,7 +218,7 @@ class Coordinator:
 
         Partitions of dead nodes stay where they are: they wait for their node.
         """
-        async with self._rebalance_lock:
+        async with self.table_lock:
             targets = [m.node_id for m in self.alive()]
             if not targets:
                 return 0
@@ -213,12 +233,56 @@ class Coordinator:
                     await self._move(pid, source, target)
 
             await asyncio.gather(*(one(*mv) for mv in planned))
+            if self._restore_on_start and None not in self.table.owners:
+                self._restore_on_start = False
+                chk = self.checkpoints.latest()
+                await self.checkpoints.restore_partitions(chk, self.partitions_by_node())
+                self.event("cluster_restored", checkpoint=chk, reason="new cluster on a storage with checkpoints")
             return len(planned)
+
+    async def _failover(self, dead: str) -> None:
+        """Give a dead node's partitions to the live nodes, restored from the latest completed checkpoint.
+
+        What was written to them after that checkpoint is lost; the
+        ``partition_restored`` events name the checkpoint so a pipeline can
+        rewind to it and replay.
+        """
+        async with self.table_lock:
+            targets = [m.node_id for m in self.alive()]
+            lost = self.table.owned_by(dead)
+            if not targets or not lost or self.members[dead].status != "dead":
+                return
+            owners = list(self.table.owners)
+            current = [o if o in targets else None for o in owners]
+            wanted = assign(current, targets)
+            chk = self.checkpoints.latest()
+            by_target: dict[str, list[int]] = {}
+            for pid in lost:
+                by_target.setdefault(wanted[pid], []).append(pid)
+            if chk is not None:
+                await self.checkpoints.restore_partitions(chk, [(self.members[t], pids) for t, pids in by_target.items()])
+            for pid in lost:
+                owners[pid] = wanted[pid]
+            self.table = self.table.with_owners(owners, {m.node_id: m.address for m in self.members.values()})
+            self._save()
+            for pid in lost:
+                self.event("partition_restored", partition=pid, checkpoint=chk, node=wanted[pid], previous=dead)
+            await self._broadcast(p.ApplyTable(table=self.table.to_wire()))
+
+    def partitions_by_node(self) -> list[tuple[Member, list[int]]]:
+        """Each live owner with the partitions it owns."""
+        by_node: dict[str, list[int]] = {}
+        for pid, owner in enumerate(self.table.owners):
+            by_node.setdefault(owner, []).append(pid)
+        missing = [pid for o, pids in by_node.items() if o is None or self.members[o].status != "alive" for pid in pids]
+        if missing:
+            raise PartitionUnavailableError(f"partitions {missing[:8]} have no live owner", partitions=missing[:64])
+        return [(self.members[o], pids) for o, pids in by_node.items()]
 
     async def _move(self, pid: int, source: str | None, target: str) -> None:
         src = self.members.get(source) if source else None
         if src is not None and src.status in ("alive", "leaving"):
-            self._event("migration_started", partition=pid, source=source, target=target)
+            self.event("migration_started", partition=pid, source=source, target=target)
             started = time.monotonic()
             await src.rpc(self.security).call(p.Freeze(partition=pid))
             try:
@@ -238,7 +302,7 @@ class Coordinator:
         self.table = self.table.with_owners(owners, {m.node_id: m.address for m in self.members.values()})
         self._save()
         if event:
-            self._event(**event)
+            self.event(**event)
         await self._broadcast(p.ApplyTable(table=self.table.to_wire()), include_leaving=True)
 
     async def _broadcast(self, msg, include_leaving: bool = False) -> list:
@@ -252,15 +316,17 @@ class Coordinator:
     # -- states and cluster-wide answers ---------------------------------------------
 
     async def define_state(self, msg: p.DefineState, conn) -> dict:
-        spec = StateSpec.from_dict(msg.spec)
+        return (await self.define(StateSpec.from_dict(msg.spec))).to_dict()
+
+    async def define(self, spec: StateSpec) -> StateSpec:
         existing = self.specs.get(spec.name)
         if existing is not None:
             existing.check_same(spec)
-            return existing.to_dict()
+            return existing
         self.specs[spec.name] = spec
         self._save()
         await self._broadcast(p.NodeDefineState(spec=spec.to_dict()))
-        return spec.to_dict()
+        return spec
 
     async def _ask_all(self, msg) -> list[tuple[Member, object]]:
         answers = await self._broadcast(msg)
@@ -290,6 +356,28 @@ class Coordinator:
             nodes[member.node_id] = node_row
         return {"states": states, "nodes": nodes, "partitions": partitions}
 
+    # -- checkpoints ------------------------------------------------------------------
+
+    def _checkpoints(self) -> ClusterCheckpoints:
+        if self.checkpoints is None:
+            raise CheckpointsNotConfiguredError("this cluster has no checkpoint storage: start the coordinator with --checkpoints URL")
+        return self.checkpoints
+
+    async def trigger_checkpoint(self, msg: p.TriggerCheckpoint, conn) -> dict:
+        return await self._checkpoints().checkpoint()
+
+    async def list_checkpoints(self, msg: p.ListCheckpoints, conn) -> list:
+        return self._checkpoints().history()
+
+    async def restore_cluster(self, msg: p.RestoreCluster, conn) -> dict:
+        return await self._checkpoints().restore(msg.checkpoint, msg.savepoint)
+
+    async def create_savepoint(self, msg: p.CreateSavepoint, conn) -> dict:
+        return await self._checkpoints().savepoint(msg.name, msg.checkpoint)
+
+    async def list_savepoints(self, msg: p.ListSavepoints, conn) -> list:
+        return await self._checkpoints().savepoints()
+
     async def status(self, msg: p.Status, conn) -> dict:
         now = time.monotonic()
         counts = {}
@@ -306,6 +394,8 @@ class Coordinator:
                 for m in sorted(self.members.values(), key=lambda m: m.node_id)
             ],
             "events": list(self.events)[-100:],
+            "checkpoints": None if self.checkpoints is None else {
+                "url": self.config.checkpoints, "latest": self.checkpoints.latest(), "recent": self.checkpoints.history()[-5:]},
         }
 
 

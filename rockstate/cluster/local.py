@@ -64,6 +64,8 @@ class LocalCluster:
         node_memory_bytes: int = 64 << 20,
         secret: str | None = None,
         tls: dict[str, str] | None = None,
+        checkpoints: str | None = None,
+        checkpoint_interval: float | None = None,
     ) -> None:
         """``secret``: a shared secret every connection must prove; ``tls``: {"cert", "key", "ca"} PEM
         files used by every process (and ``ca`` by clients from ``connect()``)."""
@@ -76,6 +78,7 @@ class LocalCluster:
         self.processes = processes
         self._runner = _ProcessRunner(self.root) if processes else _ThreadRunner()
         self.secret = secret
+        self.checkpoints, self.checkpoint_interval = checkpoints, checkpoint_interval
         self._security: dict[str, str | None] = {"secret_file": None, "tls_cert_file": None, "tls_key_file": None, "tls_ca_file": None}
         if secret:
             path = os.path.join(self.root, "secret")
@@ -94,6 +97,7 @@ class LocalCluster:
         return CoordinatorConfig(
             host="127.0.0.1", port=port, data_dir=os.path.join(self.root, "coordinator"),
             partitions=self.partitions, heartbeat_timeout=self.heartbeat_timeout, **self._security,
+            checkpoints=self.checkpoints, checkpoint_interval=self.checkpoint_interval,
         )
 
     def start(self) -> "LocalCluster":
@@ -211,6 +215,11 @@ class _ProcessRunner:
                 flags += [f"--{name.replace('_', '-')}", getattr(config, name)]
         return flags
 
+    @staticmethod
+    def _checkpoint_flags(config: CoordinatorConfig) -> list[str]:
+        flags = ["--checkpoints", config.checkpoints] if config.checkpoints else []
+        return flags + (["--checkpoint-interval", str(config.checkpoint_interval)] if config.checkpoint_interval else [])
+
     def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen:
         log = open(os.path.join(self.logs, log_name), "ab")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -234,7 +243,7 @@ class _ProcessRunner:
         self.coordinator = self._spawn(
             ["coordinator", "--host", config.host, "--port", str(config.port), "--data-dir", config.data_dir,
              "--partitions", str(config.partitions), "--heartbeat-timeout", str(config.heartbeat_timeout),
-             *self._security_flags(config)],
+             *self._security_flags(config), *self._checkpoint_flags(config)],
             "coordinator.log",
         )
         return self._address_of(self.coordinator, config.data_dir, "the coordinator")["address"]

@@ -15,15 +15,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 
-from ..config import NodeConfig, StoreConfig
-from ..errors import ClusterError, NotOwnerError, PartitionUnavailableError, RockstateError, UnknownNodeError
+from ..config import CheckpointConfig, NodeConfig, StoreConfig
+from ..errors import CheckpointsNotConfiguredError, ClusterError, NotOwnerError, PartitionUnavailableError, RockstateError, UnknownNodeError
 from ..rpc.client import AsyncChannel
 from ..rpc.server import Server
 from ..store import StateSpec, Store, staging
 from ..store.store import read_json, write_json
 from . import protocol as p
 from .metrics import NodeMetrics
+from .node_checkpoints import NodeCheckpoints
 from .security import Security
 from .table import Table
 
@@ -39,6 +41,7 @@ class Node:
         os.makedirs(self.data_dir, exist_ok=True)
         self.node_id: str | None = (read_json(self._identity_path, {}) or {}).get("node_id")
         self.store: Store | None = None
+        self.checkpoints: NodeCheckpoints | None = None
         self.table: Table | None = None
         self.owned: dict[int, int] = {}
         self.frozen: dict[int, asyncio.Event] = {}
@@ -56,6 +59,9 @@ class Node:
             p.NodeCount: self.count,
             p.NodeDefineState: self.define_state,
             p.ApplyTable: self.apply_table,
+            p.SnapshotPartitions: self.snapshot_partitions,
+            p.FinishCheckpoint: self.finish_checkpoint,
+            p.RestorePartitions: self.restore_partitions,
             p.Freeze: self.freeze,
             p.Pull: self.pull,
             p.Dump: self.dump,
@@ -96,12 +102,22 @@ class Node:
         self.store = Store(os.path.join(self.data_dir, "store"), store_config, owned=[])
         for spec in reply["states"]:
             self.store.define_state(StateSpec.from_dict(spec))
+        if reply.get("checkpoints"):
+            self.checkpoints = NodeCheckpoints(self.store, CheckpointConfig(**reply["checkpoints"]))
         await self._apply(Table.from_wire(reply["table"]))
+        self._drop_stale_partitions()
         if self.config.metrics_port is not None:
             self.metrics.serve(self.config.host, self.config.metrics_port)
         self._heartbeat = asyncio.create_task(self._heartbeat_loop())
         write_json(os.path.join(self.data_dir, "address.json"), {"address": self.address, "node_id": self.node_id, "pid": os.getpid()})
         log.info("node %s serving on %s", self.node_id, self.address)
+
+    def _drop_stale_partitions(self) -> None:
+        """Partition folders left from before a restart whose partitions moved away meanwhile are stale."""
+        for name in os.listdir(self.store.path):
+            if name.startswith("p") and name[1:].isdigit() and int(name[1:]) not in self.owned:
+                self.store.close_partition(int(name[1:]), drop=True)
+                shutil.rmtree(os.path.join(self.store.path, name), ignore_errors=True)
 
     async def _register(self) -> dict:
         while True:  # the coordinator may not be up yet
@@ -157,6 +173,8 @@ class Node:
             for pid in set(self.owned) - set(mine):
                 self.owned.pop(pid)
                 self.store.close_partition(pid, drop=True)
+                if self.checkpoints is not None:
+                    self.checkpoints.drop(pid)
                 self._unfreeze(pid)
             for pid in set(mine) - set(self.owned):
                 self.store.open_partition(pid)
@@ -226,6 +244,36 @@ class Node:
 
     async def define_state(self, msg: p.NodeDefineState, conn) -> dict:
         return self.store.define_state(StateSpec.from_dict(msg.spec)).to_dict()
+
+    # -- checkpoints -----------------------------------------------------------
+
+    def _checkpoints(self) -> NodeCheckpoints:
+        if self.checkpoints is None:
+            raise CheckpointsNotConfiguredError("the cluster has no checkpoint storage (start the coordinator with --checkpoints URL)")
+        return self.checkpoints
+
+    async def snapshot_partitions(self, msg: p.SnapshotPartitions, conn) -> list:
+        pids = [self._check(pid, self.table.epoch) for pid in msg.partitions]
+        return await self._checkpoints().snapshot(msg.checkpoint, msg.retained, pids)
+
+    async def finish_checkpoint(self, msg: p.FinishCheckpoint, conn) -> None:
+        pids = [pid for pid in msg.partitions if pid in self.owned]
+        if msg.completed:
+            self._checkpoints().confirm(msg.checkpoint, pids)
+        else:
+            self._checkpoints().abort(msg.checkpoint, pids)
+
+    async def restore_partitions(self, msg: p.RestorePartitions, conn) -> list:
+        """Restore partitions this node owns, or is about to own (failover)."""
+        checkpoints = self._checkpoints()
+        stats = []
+        for pid in msg.partitions:
+            self.frozen.setdefault(pid, asyncio.Event())  # writes wait while the partition is replaced
+            try:
+                stats.append(await asyncio.to_thread(checkpoints.restore, self.store.check_pid(pid), msg.checkpoint, msg.base))
+            finally:
+                self._unfreeze(pid)
+        return stats
 
     # -- moving partitions ---------------------------------------------------
 

@@ -128,6 +128,33 @@ class ApplyTable(Message):
     table: dict
 
 
+class SnapshotPartitions(Message):
+    """Barrier of checkpoint ``checkpoint``: snapshot and upload these partitions; answers their manifests."""
+
+    op = "snapshot_partitions"
+    checkpoint: int
+    retained: list
+    partitions: list
+
+
+class FinishCheckpoint(Message):
+    """Checkpoint ``checkpoint`` completed (its files may be referenced from now on) or was aborted."""
+
+    op = "finish_checkpoint"
+    checkpoint: int
+    completed: bool
+    partitions: list
+
+
+class RestorePartitions(Message):
+    """Replace these partitions with their copy in a checkpoint (``base``: a savepoint's folder)."""
+
+    op = "restore_partitions"
+    checkpoint: int
+    partitions: list
+    base: str = ""
+
+
 class Freeze(Message):
     """Stop writes to a partition that is about to move (reads go on); ``frozen=False`` lifts it."""
 
@@ -196,6 +223,34 @@ class ClusterStats(Message):
 class Count(Message):
     op = "count"
     state: str
+
+
+class TriggerCheckpoint(Message):
+    """Take a checkpoint now and wait for it; answers its record."""
+
+    op = "trigger_checkpoint"
+
+
+class ListCheckpoints(Message):
+    op = "list_checkpoints"
+
+
+class RestoreCluster(Message):
+    """Roll every partition back to a checkpoint (the latest: None) or a savepoint."""
+
+    op = "restore_cluster"
+    checkpoint: int | None = None
+    savepoint: str | None = None
+
+
+class CreateSavepoint(Message):
+    op = "create_savepoint"
+    name: str
+    checkpoint: int | None = None
+
+
+class ListSavepoints(Message):
+    op = "list_savepoints"
 
 
 class Status(Message):

@@ -21,7 +21,7 @@ from typing import Callable, Iterator, Sequence
 
 from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch, WriteBufferManager
 
-from ..errors import StoreClosedError, UnknownStateError
+from ..errors import PartitionUnavailableError, UnknownStateError
 from .catalog import RESERVED_PREFIX, StateSpec
 
 # Write operations, as sent over the wire: [op, state, key, value].
@@ -103,7 +103,7 @@ class Partition:
 
     def _open(self) -> Rdict:
         if self.db is None:
-            raise StoreClosedError(f"partition {self.pid} is closed")
+            raise PartitionUnavailableError(f"partition {self.pid} is closed (closing, moving or being restored)", partition=self.pid)
         return self.db
 
     def _ttl_ms(self, state: str) -> int | None:

@@ -1,0 +1,28 @@
+"""Regenerate docs/configuration.md from the settings models (tests check it is complete)."""
+
+import pathlib
+
+from rockstate.config import CheckpointConfig, CoordinatorConfig, NodeConfig, StoreConfig
+
+SECTIONS = [
+    ("Coordinator", CoordinatorConfig, "`rockstate coordinator`"),
+    ("Node", NodeConfig, "`rockstate node`"),
+    ("Embedded store", StoreConfig, "`rockstate.open(path, **settings)`"),
+    ("Checkpoints of an embedded store", CheckpointConfig, "`rockstate.open(path, checkpoints=CheckpointConfig(...) or URL)`"),
+]
+
+lines = [
+    "# Configuration", "",
+    "Every setting has a default. Settings come from, in order of precedence: command-line flags",
+    "(`--memory-bytes 1073741824`), `ROCKSTATE_<NAME>` environment variables, and a YAML file given with `--config`.",
+    "Invalid values are refused with one plain `ConfigError` that names each bad field and what it got.",
+    "The cluster secret is read from `secret_file` or `$ROCKSTATE_SECRET` and is never logged.",
+    "S3 credentials and endpoint come from the standard AWS environment variables (`AWS_ENDPOINT_URL`, keys, region).", "",
+]
+for title, model, where in SECTIONS:
+    lines += [f"## {title} ({where})", "", "| setting | default | meaning |", "|---|---|---|"]
+    for name, f in model.model_fields.items():
+        default = f.default if f.default_factory is None else f.default_factory()
+        lines.append(f"| `{name}` | `{default}` | {f.description} |")
+    lines.append("")
+pathlib.Path(__file__).parent.parent.joinpath("docs", "configuration.md").write_text("\n".join(lines))

@@ -1,0 +1,83 @@
+"""Checkpoints of a real multi-process cluster: barrier snapshots, restore, savepoints, failover, start from storage."""
+
+import pytest
+
+from rockstate.cluster.local import LocalCluster, wait_until
+from rockstate.errors import CheckpointsNotConfiguredError
+
+from .conftest import wait_for
+
+
+def test_checkpoint_and_restore_of_the_whole_cluster(tmp_path, url):
+    with LocalCluster(nodes=3, partitions=9, root=str(tmp_path / "c"), checkpoints=url) as cluster:
+        with cluster.connect() as rs:
+            s = rs.value_state("orders")
+            s.put_many({i: f"v{i}" for i in range(3000)})
+            first = rs.checkpoint()
+            assert first.id >= 1 and first.duration > 0 and first.bytes_uploaded > 0
+            s.put_many({i: "later" for i in range(1000)})
+            s.put_many({i: "new" for i in range(3000, 3500)})
+            second = rs.checkpoint()
+            assert second.id > first.id
+            assert [c.id for c in rs.checkpoints() if c.state == "COMPLETED"][-2:] == [first.id, second.id]
+            s.put(0, "after both")
+            result = rs.restore(first.id)
+            assert result.checkpoint_id == first.id and not result.skipped
+            assert s.get_many(range(3500)) == [f"v{i}" for i in range(3000)] + [None] * 500
+            result = rs.restore()  # the latest
+            assert result.checkpoint_id == second.id
+            assert s.get_many([0, 999, 1000, 3499]) == ["later", "later", "v1000", "new"]
+            status = cluster.status()
+            assert status["checkpoints"]["latest"] == second.id
+
+
+def test_savepoint_and_a_new_cluster_starting_from_the_storage(tmp_path, file_url):
+    with LocalCluster(nodes=2, partitions=6, root=str(tmp_path / "a"), checkpoints=file_url) as cluster:
+        with cluster.connect() as rs:
+            rs.value_state("kept").put_many({i: i for i in range(500)})
+            rs.map_state("m").put("k", "u", [1, 2])
+            info = rs.savepoint("before-upgrade")
+            assert info.name == "before-upgrade" and info.files > 0
+            assert [sp.name for sp in rs.savepoints()] == ["before-upgrade"]
+            rs.value_state("kept").put_many({i: -1 for i in range(500)})
+            rs.checkpoint()
+            rs.restore(savepoint="before-upgrade")
+            assert rs.value_state("kept").get_many(range(500)) == list(range(500))
+            rs.value_state("kept").put(1, "latest")
+            rs.checkpoint()
+    # same storage, a brand-new cluster: it starts from the latest checkpoint
+    with LocalCluster(nodes=2, partitions=6, root=str(tmp_path / "b"), checkpoints=file_url) as cluster:
+        with cluster.connect() as rs:
+            wait_for(lambda: any(e["event"] == "cluster_restored" for e in cluster.status()["events"]), 30, what="restore on start")
+            assert rs.value_state("kept").get(1) == "latest" and rs.value_state("kept").get(2) == 2
+            assert rs.map_state("m").get("k", "u") == [1, 2]
+
+
+def test_killed_node_is_restored_from_the_latest_checkpoint(tmp_path, file_url):
+    with LocalCluster(nodes=3, partitions=9, root=str(tmp_path), checkpoints=file_url, heartbeat_timeout=1.0) as cluster:
+        with cluster.connect(retry_timeout=30) as rs:
+            s = rs.value_state("durable")
+            s.put_many({i: "checkpointed" for i in range(900)})
+            chk = rs.checkpoint().id
+            s.put_many({i: "after" for i in range(900)})  # lost on the dead node's partitions
+            victim = cluster.nodes()[0]
+            owned = set(rs.backend.refresh().owned_by(victim.node_id))
+            cluster.kill_node(victim.node_id)
+            restored = wait_until(
+                lambda: [e for e in cluster.status()["events"] if e["event"] == "partition_restored"], 30, "failover")
+            assert {e["partition"] for e in restored} == owned and {e["checkpoint"] for e in restored} == {chk}
+            table = rs.backend.refresh()
+            assert victim.node_id not in table.owners
+            values = s.get_many(range(900))
+            for i, value in enumerate(values):
+                lost = rs.partition_of(i) in owned
+                assert value == ("checkpointed" if lost else "after"), (i, value, lost)
+            s.put(0, "writable again")
+            assert s.get(0) == "writable again"
+
+
+def test_a_cluster_without_storage_says_so(tmp_path):
+    with LocalCluster(nodes=1, partitions=2, root=str(tmp_path), processes=False) as cluster:
+        with cluster.connect() as rs:
+            with pytest.raises(CheckpointsNotConfiguredError, match="--checkpoints"):
+                rs.checkpoint()
