@@ -93,6 +93,10 @@ class ClusterCheckpoints:
         raise CheckpointAbortedError(f"checkpoint {chk} aborted: {aborted.record.failure}", checkpoint_id=chk,
                                      consecutive_failures=self.machine.consecutive_failures)
 
+    async def inspect(self, checkpoint_id: int) -> dict:
+        meta = await asyncio.to_thread(load_metadata, self.storage, checkpoint_id)
+        return meta.to_dict()
+
     def history(self) -> list[dict]:
         return [r.to_dict() for r in self.machine.history()]
 

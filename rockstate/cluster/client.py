@@ -225,6 +225,9 @@ class ClusterCheckpointClient:
     def savepoint(self, name: str, checkpoint_id: int | None = None) -> SavepointInfo:
         return SavepointInfo(**self._coordinator.call(p.CreateSavepoint(name=name, checkpoint=checkpoint_id), timeout=self.TIMEOUT))
 
+    def inspect(self, checkpoint_id: int) -> dict:
+        return self._coordinator.call(p.InspectCheckpoint(checkpoint=checkpoint_id))
+
     def savepoints(self) -> list[SavepointInfo]:
         return [SavepointInfo(**s) for s in self._coordinator.call(p.ListSavepoints())]
 

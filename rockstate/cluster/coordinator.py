@@ -77,6 +77,7 @@ class Coordinator:
             p.RestoreCluster: self.restore_cluster,
             p.CreateSavepoint: self.create_savepoint,
             p.ListSavepoints: self.list_savepoints,
+            p.InspectCheckpoint: self.inspect_checkpoint,
         }
         self.security = Security.from_config(config)
         self.checkpoints = ClusterCheckpoints(self, self.checkpoint_config) if config.checkpoints else None
@@ -374,6 +375,9 @@ class Coordinator:
 
     async def create_savepoint(self, msg: p.CreateSavepoint, conn) -> dict:
         return await self._checkpoints().savepoint(msg.name, msg.checkpoint)
+
+    async def inspect_checkpoint(self, msg: p.InspectCheckpoint, conn) -> dict:
+        return await self._checkpoints().inspect(msg.checkpoint)
 
     async def list_savepoints(self, msg: p.ListSavepoints, conn) -> list:
         return await self._checkpoints().savepoints()

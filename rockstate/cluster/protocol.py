@@ -249,6 +249,13 @@ class CreateSavepoint(Message):
     checkpoint: int | None = None
 
 
+class InspectCheckpoint(Message):
+    """A completed checkpoint's _metadata: partitions, sizes, states."""
+
+    op = "inspect_checkpoint"
+    checkpoint: int
+
+
 class ListSavepoints(Message):
     op = "list_savepoints"
 

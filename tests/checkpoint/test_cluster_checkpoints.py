@@ -81,3 +81,27 @@ def test_a_cluster_without_storage_says_so(tmp_path):
         with cluster.connect() as rs:
             with pytest.raises(CheckpointsNotConfiguredError, match="--checkpoints"):
                 rs.checkpoint()
+
+
+def test_checkpoint_and_savepoint_commands(tmp_path, file_url):
+    import subprocess
+    import sys
+
+    def cli(*args):
+        out = subprocess.run([sys.executable, "-m", "rockstate.cli", *args, "--coordinator", cluster.address],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    with LocalCluster(nodes=2, partitions=4, root=str(tmp_path), checkpoints=file_url) as cluster:
+        with cluster.connect() as rs:
+            rs.value_state("v").put_many({i: i for i in range(100)})
+        assert "completed" in cli("checkpoint", "trigger")
+        listed = cli("checkpoint", "list")
+        assert "COMPLETED" in listed and "manual" in listed
+        assert "4 partitions, states ['v']" in cli("checkpoint", "inspect", "1")
+        assert "savepoint nightly of checkpoint" in cli("savepoint", "create", "nightly")
+        assert "nightly" in cli("savepoint", "list")
+        assert "restored savepoint nightly" in cli("savepoint", "restore", "nightly")
+        assert "restored checkpoint" in cli("checkpoint", "restore")
+        assert "latest completed" in cli("status")
