@@ -68,6 +68,7 @@ class CoordinatorConfig(Settings):
     partitions: int = Field(128, ge=1, le=65536, description="P, for a new cluster; an existing one keeps its own")
     heartbeat_timeout: float = Field(5.0, gt=0, description="seconds of silence after which a node is dead")
     max_concurrent_migrations: int = Field(2, ge=1, description="partitions moving at once")
+    live_migration: bool = Field(True, description="copy a moving partition while it serves and freeze it only for the last delta; False: freeze for the whole copy")
     max_key_bytes: int = Field(16 * MiB, ge=1, description="largest encoded key, for every node")
     max_value_bytes: int = Field(16 * MiB, ge=1, description="largest encoded value, for every node")
     checkpoints: str | None = Field(None, description="checkpoint storage URL (file:///..., s3://bucket/prefix); None: no checkpoints")

@@ -41,9 +41,7 @@ import time
 from dataclasses import dataclass
 from typing import Collection
 
-from rocksdict import Checkpoint
-
-from ..errors import CheckpointAbortedError, StoreClosedError
+from ..errors import CheckpointAbortedError
 from ..store.partition import Partition
 from ..store.store import write_json
 from .manifest import FileEntry, PartitionManifest
@@ -184,16 +182,8 @@ class Snapshotter:
         if os.path.exists(target):  # left by an attempt that did not finish
             shutil.rmtree(target)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        _flush(partition)  # outside the lock: the checkpoint then has little left to flush
-        with partition.lock:
-            start = time.perf_counter()
-            db = partition.db
-            if db is None:
-                raise StoreClosedError(f"partition {pid} is closed")
-            Checkpoint(db).create_checkpoint(target)
-            states = sorted(partition.states())
-            pause = time.perf_counter() - start
-        return LocalSnapshot(pid, checkpoint_id, target, states, pause, time.time())
+        pause = partition.hard_link_copy(target)
+        return LocalSnapshot(pid, checkpoint_id, target, sorted(partition.states()), pause, time.time())
 
     def async_phase(
         self, snap: LocalSnapshot, retained: Collection[int] | None = None, cancel: threading.Event | None = None
@@ -284,15 +274,3 @@ class Snapshotter:
 def _check(cancel: threading.Event | None, checkpoint_id: int) -> None:
     if cancel is not None and cancel.is_set():
         raise CheckpointAbortedError(f"checkpoint {checkpoint_id} was aborted", checkpoint_id=checkpoint_id)
-
-
-def _flush(partition: Partition) -> None:
-    """Flush every column family's memtable (best effort: a closed partition is the sync phase's problem)."""
-    db = partition.db
-    if db is None:
-        return
-    try:
-        for name in ["default", *partition.states()]:
-            (db if name == "default" else db.get_column_family(name)).flush()
-    except Exception as exc:  # closed or dropped meanwhile
-        log.debug("pre-flush of partition %s skipped: %s", partition.pid, exc)

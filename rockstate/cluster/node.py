@@ -25,6 +25,7 @@ from ..store import StateSpec, Store, staging
 from ..store.store import read_json, write_json
 from . import protocol as p
 from .metrics import NodeMetrics
+from .moves import CHUNK, MoveSource, MoveTarget
 from .node_checkpoints import NodeCheckpoints
 from .security import Security
 from .table import Table
@@ -64,7 +65,12 @@ class Node:
             p.RestorePartitions: self.restore_partitions,
             p.Freeze: self.freeze,
             p.Pull: self.pull,
-            p.Dump: self.dump,
+            p.PullDelta: self.pull_delta,
+            p.PullDiscard: self.pull_discard,
+            p.MoveCopy: self.move_copy,
+            p.MoveChunk: self.move_chunk,
+            p.MoveDelta: self.move_delta,
+            p.MoveDiscard: self.move_discard,
         }
         self.security = Security.from_config(config)
         self.server = Server(self.metrics.timed(self.handlers), config.host, config.port, name="node",
@@ -100,6 +106,7 @@ class Node:
             ttl_sweep_interval=self.config.ttl_sweep_interval,
         )
         self.store = Store(os.path.join(self.data_dir, "store"), store_config, owned=[])
+        self.move_source, self.move_target = MoveSource(self.store), MoveTarget(self.store)
         for spec in reply["states"]:
             self.store.define_state(StateSpec.from_dict(spec))
         if reply.get("checkpoints"):
@@ -173,6 +180,7 @@ class Node:
             for pid in set(self.owned) - set(mine):
                 self.owned.pop(pid)
                 self.store.close_partition(pid, drop=True)
+                self.move_source.discard(pid)
                 if self.checkpoints is not None:
                     self.checkpoints.drop(pid)
                 self._unfreeze(pid)
@@ -289,33 +297,62 @@ class Node:
             event.set()
 
     async def pull(self, msg: p.Pull, conn) -> int:
-        """Copy every state of a partition from its owner into a fresh local copy."""
+        """Move phase 1 (see moves.py): fetch the source's copy while it keeps serving."""
         pid = self.store.check_pid(msg.partition)
         if pid in self.owned:
             raise ClusterError(f"node {self.node_id} already owns partition {pid}")
-        self.store.close_partition(pid, drop=True)
-        part = self.store.open_partition(pid)
-        source = self._peer(msg.source, timeout=60.0)
+        target = self.move_target.start(pid)
+        source = self._peer(msg.source, timeout=120.0)
         copied = 0
         try:
-            for state in [*self.store.specs, *staging.INTERNAL_STATES]:
-                after = None
-                while True:
-                    page = await source.call(p.Dump(partition=pid, state=state, after=after))
-                    part.load(state, page)
-                    copied += sum(len(k) + len(v) for k, v in page)
-                    if len(page) < p.Dump.limit:
-                        break
-                    after = page[-1][0]
+            for name, size in await source.call(p.MoveCopy(partition=pid)):
+                with open(os.path.join(target, name), "wb") as f:
+                    while f.tell() < size:
+                        data = await source.call(p.MoveChunk(partition=pid, name=name, offset=f.tell(), length=CHUNK))
+                        if not data:
+                            raise ClusterError(f"{name} of partition {pid} ended at {f.tell()} of {size} bytes")
+                        f.write(data)
+                copied += size
+        except BaseException:
+            self.move_target.discard(pid)
+            raise
         finally:
             await source.close()
         return copied
 
-    async def dump(self, msg: p.Dump, conn) -> list:
+    async def pull_delta(self, msg: p.PullDelta, conn) -> int:
+        """Move phase 2: the source is frozen; install the copy and apply what was written since."""
         pid = self.store.check_pid(msg.partition)
+        source = self._peer(msg.source, timeout=120.0)
+        try:
+            delta = await source.call(p.MoveDelta(partition=pid))
+        finally:
+            await source.close()
+        await asyncio.to_thread(self.move_target.install, pid, delta)
+        return len(delta)
+
+    async def pull_discard(self, msg: p.PullDiscard, conn) -> None:
+        if msg.partition not in self.owned:
+            self.store.close_partition(msg.partition, drop=True)
+        self.move_target.discard(msg.partition)
+
+    def _owned(self, pid: object) -> int:
+        pid = self.store.check_pid(pid)
         if pid not in self.owned:
             raise NotOwnerError(f"node {self.node_id} does not own partition {pid}", partition=pid, epoch=self.table.epoch)
-        return self.store.partition(pid).dump(msg.state, msg.after, msg.limit)
+        return pid
+
+    async def move_copy(self, msg: p.MoveCopy, conn) -> list:
+        return await asyncio.to_thread(self.move_source.copy, self._owned(msg.partition))
+
+    async def move_chunk(self, msg: p.MoveChunk, conn) -> bytes:
+        return await asyncio.to_thread(self.move_source.chunk, self._owned(msg.partition), msg.name, msg.offset, msg.length)
+
+    async def move_delta(self, msg: p.MoveDelta, conn) -> list:
+        return self.move_source.delta(self._owned(msg.partition))
+
+    async def move_discard(self, msg: p.MoveDiscard, conn) -> None:
+        self.move_source.discard(msg.partition)
 
 
 async def run_node(config: NodeConfig) -> None:

@@ -164,21 +164,55 @@ class Freeze(Message):
 
 
 class Pull(Message):
-    """Copy a partition from its current owner (at ``source``) into this node; answers bytes copied."""
+    """Move phase 1, on the target: fetch a copy of the partition from its owner at ``source``; answers bytes."""
 
     op = "pull"
     partition: int
     source: str
 
 
-class Dump(Message):
-    """A page of raw stored entries of one state of a partition (TTL headers included), for a move."""
+class PullDelta(Message):
+    """Move phase 2, on the target (the source is frozen): install the copy, apply the writes made since."""
 
-    op = "dump"
+    op = "pull_delta"
     partition: int
-    state: str
-    after: bytes | None = None
-    limit: int = 5000
+    source: str
+
+
+class PullDiscard(Message):
+    """A move failed: the target drops what it fetched."""
+
+    op = "pull_discard"
+    partition: int
+
+
+class MoveCopy(Message):
+    """On the source: take a copy to hand over and record writes from now on; answers [[file, size], ...]."""
+
+    op = "move_copy"
+    partition: int
+
+
+class MoveChunk(Message):
+    op = "move_chunk"
+    partition: int
+    name: str
+    offset: int
+    length: int
+
+
+class MoveDelta(Message):
+    """On the (frozen) source: the writes since the copy."""
+
+    op = "move_delta"
+    partition: int
+
+
+class MoveDiscard(Message):
+    """A move failed: the source drops the copy and stops recording."""
+
+    op = "move_discard"
+    partition: int
 
 
 # -- served by the coordinator ---------------------------------------------------

@@ -19,15 +19,16 @@ import threading
 import time
 from typing import Callable, Iterator, Sequence
 
-from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch, WriteBufferManager
+from rocksdict import BlockBasedOptions, Cache, Checkpoint, Options, Rdict, WriteBatch, WriteBufferManager
 
 from ..errors import PartitionUnavailableError, UnknownStateError
 from .catalog import RESERVED_PREFIX, StateSpec
 
 # Write operations, as sent over the wire: [op, state, key, value].
 # PUT_MANY and DELETE_MANY carry lists of keys (and values): one op per batch
-# keeps the hot path and the wire compact.
-PUT, DELETE, APPEND, DELETE_PREFIX, PUT_MANY, DELETE_MANY = 0, 1, 2, 3, 4, 5
+# keeps the hot path and the wire compact. RAW_PUT stores the value as given
+# (a TTL header included), DELETE_RANGE deletes keys in [key, value).
+PUT, DELETE, APPEND, DELETE_PREFIX, PUT_MANY, DELETE_MANY, RAW_PUT, DELETE_RANGE = 0, 1, 2, 3, 4, 5, 6, 7
 Op = Sequence  # (op, state, key, value)
 
 _EXPIRY = struct.Struct(">Q")
@@ -71,6 +72,7 @@ class Partition:
         self.pid = pid
         self.path = path
         self.lock = threading.RLock()
+        self._recording: list | None = None
         self._resources = resources
         self._specs = specs  # the store's catalog, shared: states defined later appear here
         opts = resources.options()
@@ -116,18 +118,43 @@ class Partition:
         """Apply ``ops`` atomically (one RocksDB WriteBatch)."""
         with self.lock:
             self._open().write(self._batch(ops))
+            if self._recording is not None:
+                self._recording.extend(ops)
 
-    def handle(self, state: str):
-        """The column family handle of a state, for callers that build their own WriteBatch."""
-        self._family(state)
-        return self._handles[state]
+    # -- copies: checkpoints and moves -------------------------------------
 
-    def commit(self, batch: WriteBatch) -> None:
-        """Write a batch built with ``_batch``/``handle`` (the caller holds ``lock``)."""
-        self._open().write(batch)
+    def flush(self) -> None:
+        """Flush every column family's memtable (best effort: the partition may be closing)."""
+        db = self.db
+        try:
+            for name in ["default", *self._families]:
+                (db if name == "default" else db.get_column_family(name)).flush()
+        except Exception:  # noqa: BLE001 -- closed or dropped meanwhile: the caller's next step says so
+            pass
 
-    def _batch(self, ops: Sequence[Op], batch: WriteBatch | None = None) -> WriteBatch:
-        batch = WriteBatch(raw_mode=True) if batch is None else batch
+    def hard_link_copy(self, target: str, record: bool = False) -> float:
+        """A RocksDB checkpoint (hard links) into ``target``, which must not exist; returns how long writes paused.
+
+        The memtables are flushed first, outside the lock, so little is left to
+        flush while writes wait. With ``record``, every write after the copy is
+        recorded, to be taken by ``take_recorded`` (a move's last delta).
+        """
+        self.flush()
+        with self.lock:
+            start = time.perf_counter()
+            Checkpoint(self._open()).create_checkpoint(target)
+            if record:
+                self._recording = []
+            return time.perf_counter() - start
+
+    def take_recorded(self) -> list:
+        """The writes since ``hard_link_copy(record=True)``; recording stops."""
+        with self.lock:
+            ops, self._recording = self._recording or [], None
+            return ops
+
+    def _batch(self, ops: Sequence[Op]) -> WriteBatch:
+        batch = WriteBatch(raw_mode=True)
         pending: dict[tuple[str, bytes], bytes | None] = {}  # list values as this batch leaves them
         headers: dict[str, bytes | None] = {}
         for op, state, key, value in ops:
@@ -156,6 +183,11 @@ class Partition:
                 old = pending[state, key] if (state, key) in pending else self.get_many(state, [key])[0]
                 pending[state, key] = new = (old or b"") + value
                 batch.put(key, header + new if header else new, handle)
+            elif op == RAW_PUT:
+                batch.put(key, value, handle)
+                self._track(pending, state, [key], [value[8:] if header and value is not None else value])
+            elif op == DELETE_RANGE:
+                batch.delete_range(key, value, handle)
             elif op == DELETE_PREFIX:
                 end = prefix_end(key)
                 if end is None:  # only 0xff bytes: delete key by key
@@ -219,7 +251,7 @@ class Partition:
             size += len(key) + len(value)
         return n, size
 
-    # -- raw entries, for moving a partition between nodes ------------------
+    # -- raw entries ------------------------------------------------------
 
     def raw_items(self, state: str, start: bytes = b"", end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """Stored entries with start <= key < end, as they are on disk (TTL headers, expired ones too)."""
@@ -228,25 +260,6 @@ class Partition:
         while it.valid() and (end is None or it.key() < end):
             yield it.key(), it.value()
             it.next()
-
-    def dump(self, state: str, after: bytes | None = None, limit: int = 5000) -> list[tuple[bytes, bytes]]:
-        """A page of ``raw_items`` after a key, for moving a partition."""
-        out = []
-        for key, value in self.raw_items(state, after or b""):
-            if key != after:
-                out.append((key, value))
-                if len(out) >= limit:
-                    break
-        return out
-
-    def load(self, state: str, entries: list[tuple[bytes, bytes]]) -> None:
-        """Write entries from ``dump`` as they are."""
-        with self.lock:
-            self._family(state)
-            handle, batch = self._handles[state], WriteBatch(raw_mode=True)
-            for key, value in entries:
-                batch.put(key, value, handle)
-            self._open().write(batch)
 
     # -- maintenance -----------------------------------------------------
 
@@ -269,13 +282,10 @@ class Partition:
 
     def _delete_if_expired(self, state: str, keys: list[bytes], now: int) -> int:
         with self.lock:  # re-check under the lock: a write may have refreshed an entry
-            handle, batch, n = self._handles[state], WriteBatch(raw_mode=True), 0
-            for key, value in zip(keys, self._families[state].get(keys)):
-                if value is not None and _EXPIRY.unpack_from(value)[0] <= now:
-                    batch.delete(key, handle)
-                    n += 1
-            self._open().write(batch)
-            return n
+            gone = [k for k, v in zip(keys, self._families[state].get(keys)) if v is not None and _EXPIRY.unpack_from(v)[0] <= now]
+            if gone:
+                self.write([(DELETE_MANY, state, gone, None)])
+            return len(gone)
 
     def close(self) -> None:
         with self.lock:

@@ -29,7 +29,7 @@ import struct
 import msgpack
 
 from ..errors import StoreError
-from .partition import APPEND, DELETE, DELETE_MANY, DELETE_PREFIX, PUT, PUT_MANY, Partition, prefix_end
+from .partition import APPEND, DELETE, DELETE_MANY, DELETE_PREFIX, DELETE_RANGE, PUT, PUT_MANY, RAW_PUT, Partition, prefix_end
 
 STAGED, UNDO, META = "_staged", "_undo", "_meta"
 INTERNAL_STATES = (STAGED, UNDO, META)
@@ -120,13 +120,14 @@ def commit(part: Partition, query: str, batch: int) -> bool:
         prefix = _txn(query, batch)
         ops = _chosen_ops(part, prefix)
         undo = _old_values(part, ops)
-        wb = part._batch(ops)
-        wb.put(prefix, msgpack.packb(undo, use_bin_type=True), part.handle(UNDO))
-        wb.put(_marker(query), msgpack.packb(batch), part.handle(META))
-        wb.delete_range(prefix, prefix_end(prefix), part.handle(STAGED))
+        ops += [
+            (PUT, UNDO, prefix, msgpack.packb(undo, use_bin_type=True)),
+            (PUT, META, _marker(query), msgpack.packb(batch)),
+            (DELETE_PREFIX, STAGED, prefix, None),
+        ]
         if batch >= KEEP_UNDO:
-            wb.delete_range(_txn(query, 0), _txn(query, batch - KEEP_UNDO + 1), part.handle(UNDO))
-        part.commit(wb)
+            ops.append((DELETE_RANGE, UNDO, _txn(query, 0), _txn(query, batch - KEEP_UNDO + 1)))
+        part.write(ops)  # one WriteBatch, through write() so a partition on the move records it
         return True
 
 
@@ -146,18 +147,14 @@ def rollback(part: Partition, query: str, to_batch: int | None) -> int:
                     f"query {query!r} on partition {part.pid} cannot roll back to batch {to_batch}: "
                     f"undo of batches {missing[:5]} is gone (the last {KEEP_UNDO} batches are kept)"
                 )
-        wb = part._batch([])
+        ops = []
         for _, data in reversed(entries):  # newest first; older batches' values win
             for state, key, old in msgpack.unpackb(data, raw=False):
-                if old is None:
-                    wb.delete(key, part.handle(state))
-                else:
-                    wb.put(key, old, part.handle(state))
-        wb.delete_range(start, end, part.handle(UNDO))
-        wb.delete_range(start, end, part.handle(STAGED))
+                ops.append((DELETE, state, key, None) if old is None else (RAW_PUT, state, key, old))
+        ops += [(DELETE_RANGE, UNDO, start, end), (DELETE_RANGE, STAGED, start, end)]
         if to_batch is None:
-            wb.delete(_marker(query), part.handle(META))
+            ops.append((DELETE, META, _marker(query), None))
         elif last is not None and last > to_batch:
-            wb.put(_marker(query), msgpack.packb(to_batch), part.handle(META))
-        part.commit(wb)
+            ops.append((PUT, META, _marker(query), msgpack.packb(to_batch)))
+        part.write(ops)
         return len(entries)

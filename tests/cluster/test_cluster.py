@@ -116,8 +116,13 @@ def test_join_moves_partitions_and_clients_follow_redirects(tmp_path):
         assert reader.backend.table.epoch > old_epoch
         assert info.node_id in reader.backend.table.owners
         assert writer.stats()["nodes"][info.node_id]["keys"] > 0
-        moved = [e for e in status["events"] if e["event"] == "migration_finished" and e["target"] == info.node_id]
+        def moves_to_new_node():
+            moved = [e for e in cluster.status()["events"] if e["event"] == "migration_finished" and e["target"] == info.node_id]
+            return moved if len(moved) >= 4 else None
+
+        moved = wait_until(moves_to_new_node, 10, "the four moves' events")
         assert len(moved) == 4 and all(e["bytes"] > 0 for e in moved)
+        assert all(e["write_blocked_seconds"] < e["seconds"] for e in moved)
         writer.close()
         reader.close()
 

@@ -1,0 +1,28 @@
+"""rockstate for PySpark: co-partitioning and a keyed stateful operator with state in a rockstate cluster.
+
+``with_partition`` adds each row's rockstate partition, computed by Spark SQL;
+``transform_with_state`` runs a ``StatefulProcessor`` over a batch or
+streaming DataFrame, reading and writing its state in batches (one request
+per owner per batch, never one per key).
+"""
+
+from .batch import BatchWriter
+from .client import StateClientSpec, UnsupportedClientError, close_clients
+from .operator import transform_with_state
+from .partitioning import PARTITION_COLUMN, with_partition
+from .processor import ListStateHandle, MapStateHandle, StatefulProcessor, StatefulProcessorHandle, ValueStateHandle
+
+__all__ = [
+    "BatchWriter",
+    "ListStateHandle",
+    "MapStateHandle",
+    "PARTITION_COLUMN",
+    "StateClientSpec",
+    "StatefulProcessor",
+    "StatefulProcessorHandle",
+    "UnsupportedClientError",
+    "ValueStateHandle",
+    "close_clients",
+    "transform_with_state",
+    "with_partition",
+]

@@ -1,0 +1,169 @@
+"""``transform_with_state``: keyed state for a DataFrame, served in batches inside ``mapInArrow``.
+
+On the driver: the rows get their rockstate partition from Spark SQL
+(``with_partition``), are shuffled so each task holds whole partitions of as
+few owners as possible (``route_by_owner``; the shuffle also makes each key
+live in exactly one task, so no two tasks race on a key's state), sorted by
+key within each task when the DataFrame is not streaming, and handed to
+``mapInArrow``.
+
+In each task (``TaskRunner``): the processor is initialised once, the task's
+Arrow batches are regrouped into sorted chunks of whole keys (``chunks``), and
+for each chunk the processor runs over a ``Batch``: committed state is read
+with one ``get_many`` per state (per owner), writes are buffered and flushed
+as one backend write when the chunk is done, and only then is the chunk's
+output yielded. State written by a task is therefore in the cluster before
+Spark sees the rows that depend on it; a failed task may have flushed some
+chunks (exactly-once replay is the commit protocol's job, on top of
+``BatchWriter``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from ..api import Rockstate
+from ..errors import InvalidInputError
+from ..serde import encode_keys
+from .batch import Batch, BatchWriter
+from .chunks import chunks
+from .client import StateClientSpec, as_spec, backend_for
+from .partitioning import PARTITION_COLUMN, key_names, route_by_owner, with_partition
+from .processor import StatefulProcessor, StatefulProcessorHandle
+
+MAX_BATCH_BYTES = 64 << 20
+
+
+def _mode(processor: object) -> str:
+    if not isinstance(processor, StatefulProcessor):
+        raise InvalidInputError(f"processor must be a rockstate.spark.StatefulProcessor, got {type(processor).__name__}")
+    modes = [m for m in ("handle_batch", "handle_input_rows") if callable(getattr(processor, m, None))]
+    if len(modes) != 1:
+        raise InvalidInputError(
+            f"{type(processor).__name__} must implement exactly one of handle_batch and handle_input_rows, has {modes or 'neither'}"
+        )
+    return modes[0]
+
+
+def _struct(schema: T.StructType | str) -> T.StructType:
+    parsed = T.StructType.fromDDL(schema) if isinstance(schema, str) else schema
+    if not isinstance(parsed, T.StructType):
+        raise InvalidInputError(f"output_schema must be a StructType or a DDL string of columns, got {schema!r}")
+    return parsed
+
+
+def _frames(result: Any) -> list[pd.DataFrame]:
+    """A handler's output as a list of DataFrames: it may return one, None, or an iterator of them."""
+    if result is None:
+        return []
+    if isinstance(result, pd.DataFrame):
+        return [result]
+    return [frame for frame in result if frame is not None]
+
+
+class TaskRunner:
+    """The function ``mapInArrow`` runs in every task; pickled to the executors with the processor."""
+
+    def __init__(self, spec: StateClientSpec, processor: StatefulProcessor, keys: Sequence[str],
+                 schema: T.StructType, max_batch_bytes: int) -> None:
+        self.spec, self.processor, self.keys = spec, processor, list(keys)
+        self.mode = _mode(processor)
+        self.schema = schema
+        self.max_batch_bytes = max_batch_bytes
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        backend = backend_for(self.spec)
+        arrow_schema = to_arrow_schema(self.schema)
+        handle = StatefulProcessorHandle(backend)
+        self.processor.init(handle)
+        try:
+            for table, starts in chunks(batches, PARTITION_COLUMN, self.keys, self.max_batch_bytes):
+                batch = Batch(backend, BatchWriter(backend))
+                handle.begin(batch)
+                if self.mode == "handle_batch":
+                    frames = _frames(self.processor.handle_batch(table.drop_columns([PARTITION_COLUMN]).to_pandas()))
+                else:
+                    frames = self._per_key(handle, batch, table, starts)
+                handle.finish()  # state first: the output below depends on it
+                yield from self._output(frames, arrow_schema)
+        finally:
+            self.processor.close()
+
+    def _per_key(self, handle: StatefulProcessorHandle, batch: Batch, table: pa.Table, starts: np.ndarray) -> list[pd.DataFrame]:
+        """Prefetch every key's state with one get_many per state, then call the processor key by key."""
+        firsts = table.take(starts)
+        key_tuples = list(zip(*(firsts.column(k).to_pylist() for k in self.keys)))
+        state_keys = [k[0] for k in key_tuples] if len(self.keys) == 1 else key_tuples
+        encoded = encode_keys(state_keys, handle.backend.max_key_bytes)
+        pids = firsts.column(PARTITION_COLUMN).to_numpy().astype(np.int64)
+        handle.prefetch(encoded, pids)
+        rows = table.drop_columns([PARTITION_COLUMN]).to_pandas()
+        ends = [*starts[1:].tolist(), table.num_rows]
+        handler, frames = self.processor.handle_input_rows, []
+        for key, data, pid, start, end in zip(key_tuples, encoded, pids.tolist(), starts.tolist(), ends):
+            group = rows.iloc[start:end]
+            group.index = pd.RangeIndex(end - start)  # each key's rows numbered from 0, as in Spark
+            batch.current = (data, pid)
+            frames.extend(_frames(handler(key, iter([group]))))
+        batch.current = None
+        return frames
+
+    def _output(self, frames: list[pd.DataFrame], arrow_schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+        if not frames:
+            return
+        out = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+        if out.empty:
+            return
+        missing = [name for name in arrow_schema.names if name not in out.columns]
+        if missing:
+            raise InvalidInputError(f"the processor's output lacks columns {missing} of output_schema {self.schema.simpleString()}")
+        yield pa.RecordBatch.from_pandas(out[arrow_schema.names], schema=arrow_schema, preserve_index=False)
+
+
+def transform_with_state(
+    df: DataFrame,
+    keys: str | Sequence[str],
+    processor: StatefulProcessor,
+    output_schema: T.StructType | str,
+    client: str | StateClientSpec | Rockstate,
+    *,
+    tasks: int | None = None,
+    max_batch_bytes: int = MAX_BATCH_BYTES,
+) -> DataFrame:
+    """Run ``processor`` over ``df``'s rows grouped by ``keys``, with its state in a rockstate cluster.
+
+    ``keys``: the key column(s); the state key is the scalar of one column,
+    the tuple of several. ``output_schema``: what the processor returns (a
+    StructType or DDL string). ``client``: how executors reach the cluster, a
+    coordinator address "host:port", a ``StateClientSpec`` or a
+    ``rockstate.connect()`` handle (each Python worker keeps one connection
+    per address; an embedded ``rockstate.open`` store is refused with
+    ``UnsupportedClientError``). ``tasks``: Spark tasks that run the
+    processor (default ``spark.sql.shuffle.partitions``, at most the
+    cluster's partition count). ``max_batch_bytes``: how much of a task's
+    input is gathered into one processor batch.
+
+    Works on batch and streaming DataFrames (in a streaming query, e.g. with
+    a memory sink or inside ``foreachBatch``); the result is a DataFrame.
+    """
+    names = key_names(keys)
+    spec = as_spec(client)
+    runner = TaskRunner(spec, processor, names, _struct(output_schema), max_batch_bytes)
+    backend = client.backend if isinstance(client, Rockstate) else backend_for(spec)
+    tasks = tasks or int(df.sparkSession.conf.get("spark.sql.shuffle.partitions"))
+    shuffled = route_by_owner(with_partition(df, names, backend.partitions), PARTITION_COLUMN, backend.table.owners, tasks)
+    if not df.isStreaming:  # Spark may not sort a stream; chunks() groups keys within a task's batch instead
+        shuffled = shuffled.sortWithinPartitions(PARTITION_COLUMN, *names)
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return runner(batches)
+
+    return shuffled.mapInArrow(run, runner.schema)
