@@ -22,7 +22,7 @@ from ..api import Rockstate
 from ..checkpoint.coordinator import CheckpointRecord
 from ..checkpoint.restore import PartitionRestore, RestoreResult, SkippedCheckpoint
 from ..checkpoint.savepoint import SavepointInfo
-from ..errors import ClusterTimeoutError, PartitionUnavailableError, RockstateError
+from ..errors import ClusterTimeoutError, PartitionUnavailableError, RockstateError, StoreClosedError
 from ..rpc.client import Channel, call_many
 from ..store import StateSpec
 from . import protocol as p
@@ -41,6 +41,7 @@ class ClusterBackend:
         self._timeout = timeout
         self._secret = load_secret(None) if secret is None else secret
         self._ssl = ssl
+        self._closed = False
         self._coordinator = self._new_channel(address)
         self._channels: dict[str, Channel] = {}
         self._lock = threading.Lock()
@@ -67,6 +68,8 @@ class ClusterBackend:
 
     def _channel(self, address: str) -> Channel:
         with self._lock:
+            if self._closed:
+                raise StoreClosedError("this cluster client is closed")
             channel = self._channels.get(address)
             if channel is None:
                 channel = self._channels[address] = self._new_channel(address)
@@ -196,6 +199,7 @@ class ClusterBackend:
     def close(self) -> None:
         self._coordinator.close()
         with self._lock:
+            self._closed = True
             for channel in self._channels.values():
                 channel.close()
             self._channels.clear()

@@ -124,6 +124,8 @@ class Coordinator:
     async def start(self) -> None:
         await self.server.start()
         self._spawn(self._monitor())
+        if self.members:
+            self._spawn(self._resume())
         if self.checkpoints is not None and self.config.checkpoint_interval:
             self._spawn(self.checkpoints.periodic())
         write_json(os.path.join(self.data_dir, "address.json"), {"address": self.address, "pid": os.getpid()})
@@ -137,6 +139,23 @@ class Coordinator:
         for m in self.members.values():
             if m.channel is not None:
                 await m.channel.close()
+
+    async def _resume(self) -> None:
+        """After a restart: once the nodes have checked in, clear what moves in flight left, and rebalance.
+
+        A move interrupted by the crash never changed the table (it changes
+        last), so its source still owns the partition: thawing it and
+        dropping the copies rolls the move back; the rebalance redoes it.
+        """
+        started = time.monotonic()
+        while time.monotonic() - started < self.config.heartbeat_timeout:
+            if all(m.last_seen > started for m in self.alive()):
+                break
+            await asyncio.sleep(0.05)
+        async with self.table_lock:
+            await self._broadcast(p.Thaw())
+        self.event("coordinator_resumed", epoch=self.table.epoch)
+        await self._rebalance()
 
     async def _monitor(self) -> None:
         while True:

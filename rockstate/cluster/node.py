@@ -64,6 +64,7 @@ class Node:
             p.FinishCheckpoint: self.finish_checkpoint,
             p.RestorePartitions: self.restore_partitions,
             p.Freeze: self.freeze,
+            p.Thaw: self.thaw,
             p.Pull: self.pull,
             p.PullDelta: self.pull_delta,
             p.PullDiscard: self.pull_discard,
@@ -330,6 +331,12 @@ class Node:
             await source.close()
         await asyncio.to_thread(self.move_target.install, pid, delta)
         return len(delta)
+
+    async def thaw(self, msg: p.Thaw, conn) -> None:
+        for pid in list(self.frozen):
+            self._unfreeze(pid)
+        for pid in self.owned:
+            self.move_source.discard(pid)
 
     async def pull_discard(self, msg: p.PullDiscard, conn) -> None:
         if msg.partition not in self.owned:

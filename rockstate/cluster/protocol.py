@@ -163,6 +163,12 @@ class Freeze(Message):
     frozen: bool = True
 
 
+class Thaw(Message):
+    """From a restarted coordinator: no move is in flight any more; unfreeze everything, drop move copies."""
+
+    op = "thaw"
+
+
 class Pull(Message):
     """Move phase 1, on the target: fetch a copy of the partition from its owner at ``source``; answers bytes."""
 

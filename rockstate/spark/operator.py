@@ -60,13 +60,47 @@ def _struct(schema: T.StructType | str) -> T.StructType:
     return parsed
 
 
-def _frames(result: Any) -> list[pd.DataFrame]:
-    """A handler's output as a list of DataFrames: it may return one, None, or an iterator of them."""
-    if result is None:
-        return []
-    if isinstance(result, pd.DataFrame):
-        return [result]
-    return [frame for frame in result if frame is not None]
+class Output:
+    """What the handlers returned for one batch: DataFrames, and rows given as tuples.
+
+    A tuple is one output row in ``output_schema`` order: far cheaper to make
+    than the one-row DataFrame a per-key handler would otherwise yield.
+    """
+
+    def __init__(self, schema: T.StructType) -> None:
+        self.schema, self.arrow_schema = schema, to_arrow_schema(schema)
+        self.frames: list[pd.DataFrame] = []
+        self.rows: list[tuple] = []
+
+    def add(self, result: Any) -> None:
+        """A handler's result: a DataFrame, None, or an iterable of DataFrames and tuples."""
+        if result is None:
+            return
+        if isinstance(result, pd.DataFrame):
+            self.frames.append(result)
+            return
+        for item in result:
+            if isinstance(item, tuple):
+                self.rows.append(item)
+            elif isinstance(item, pd.DataFrame):
+                self.frames.append(item)
+            elif item is not None:
+                raise InvalidInputError(f"a handler yielded a {type(item).__name__}; yield pandas DataFrames or tuples (rows)")
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        names, schema = self.arrow_schema.names, self.arrow_schema
+        if self.rows:
+            if any(len(row) != len(names) for row in self.rows):
+                raise InvalidInputError(f"a yielded row does not have the {len(names)} fields of output_schema {self.schema.simpleString()}")
+            columns = zip(*self.rows)
+            yield pa.RecordBatch.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, schema)], schema=schema)
+        frames = [f for f in self.frames if not f.empty]
+        if frames:
+            out = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+            missing = [name for name in names if name not in out.columns]
+            if missing:
+                raise InvalidInputError(f"the processor's output lacks columns {missing} of output_schema {self.schema.simpleString()}")
+            yield pa.RecordBatch.from_pandas(out[names], schema=schema, preserve_index=False)
 
 
 class TaskRunner:
@@ -81,23 +115,22 @@ class TaskRunner:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         backend = backend_for(self.spec)
-        arrow_schema = to_arrow_schema(self.schema)
         handle = StatefulProcessorHandle(backend)
         self.processor.init(handle)
         try:
             for table, starts in chunks(batches, PARTITION_COLUMN, self.keys, self.max_batch_bytes):
-                batch = Batch(backend, BatchWriter(backend))
+                batch, output = Batch(backend, BatchWriter(backend)), Output(self.schema)
                 handle.begin(batch)
                 if self.mode == "handle_batch":
-                    frames = _frames(self.processor.handle_batch(table.drop_columns([PARTITION_COLUMN]).to_pandas()))
+                    output.add(self.processor.handle_batch(table.drop_columns([PARTITION_COLUMN]).to_pandas()))
                 else:
-                    frames = self._per_key(handle, batch, table, starts)
+                    self._per_key(handle, batch, table, starts, output)
                 handle.finish()  # state first: the output below depends on it
-                yield from self._output(frames, arrow_schema)
+                yield from output.batches()
         finally:
             self.processor.close()
 
-    def _per_key(self, handle: StatefulProcessorHandle, batch: Batch, table: pa.Table, starts: np.ndarray) -> list[pd.DataFrame]:
+    def _per_key(self, handle: StatefulProcessorHandle, batch: Batch, table: pa.Table, starts: np.ndarray, output: Output) -> None:
         """Prefetch every key's state with one get_many per state, then call the processor key by key."""
         firsts = table.take(starts)
         key_tuples = list(zip(*(firsts.column(k).to_pylist() for k in self.keys)))
@@ -107,25 +140,13 @@ class TaskRunner:
         handle.prefetch(encoded, pids)
         rows = table.drop_columns([PARTITION_COLUMN]).to_pandas()
         ends = [*starts[1:].tolist(), table.num_rows]
-        handler, frames = self.processor.handle_input_rows, []
+        handler = self.processor.handle_input_rows
         for key, data, pid, start, end in zip(key_tuples, encoded, pids.tolist(), starts.tolist(), ends):
             group = rows.iloc[start:end]
             group.index = pd.RangeIndex(end - start)  # each key's rows numbered from 0, as in Spark
             batch.current = (data, pid)
-            frames.extend(_frames(handler(key, iter([group]))))
+            output.add(handler(key, iter([group])))
         batch.current = None
-        return frames
-
-    def _output(self, frames: list[pd.DataFrame], arrow_schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-        if not frames:
-            return
-        out = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-        if out.empty:
-            return
-        missing = [name for name in arrow_schema.names if name not in out.columns]
-        if missing:
-            raise InvalidInputError(f"the processor's output lacks columns {missing} of output_schema {self.schema.simpleString()}")
-        yield pa.RecordBatch.from_pandas(out[arrow_schema.names], schema=arrow_schema, preserve_index=False)
 
 
 def transform_with_state(

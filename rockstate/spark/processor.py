@@ -319,10 +319,12 @@ class StatefulProcessor(ABC):
         that the task got in this micro-batch, unless they exceed the
         operator's ``max_batch_bytes``); use the handles' ``*_many`` methods.
 
-    ``handle_input_rows(self, key: tuple, rows: Iterator[pandas.DataFrame]) -> Iterator[pandas.DataFrame]``
+    ``handle_input_rows(self, key: tuple, rows: Iterator[pandas.DataFrame]) -> Iterator[pandas.DataFrame | tuple]``
         Per key, like Spark's ``handleInputRows``: ``key`` is the tuple of the
         key columns' values, ``rows`` an iterator over one DataFrame of the
-        key's rows; the handles' methods without keys act on this key.
+        key's rows; the handles' methods without keys act on this key. It
+        yields DataFrames, as in Spark, or tuples: one output row each, in
+        ``output_schema`` order, far cheaper than a one-row DataFrame.
 
     A processor is pickled to the executors; every task gets its own copy and
     calls ``init`` once, then the handler per batch (or key), then ``close``.
