@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import keys as keyhash
-from .errors import CheckpointsNotConfiguredError, StoreClosedError
+from .errors import CheckpointsNotConfiguredError, RockstateError, StoreClosedError
 from .states import Backend, ListState, MapState, ValueState
 
 
@@ -78,6 +78,14 @@ class Rockstate:
         if checkpointer is None:
             raise CheckpointsNotConfiguredError("this store has no checkpoint storage: open it with checkpoints=URL")
         return checkpointer
+
+    def subscribe(self, callback):
+        """Call ``callback(event)`` for every cluster event (joins, leaves, deaths, moves, restores,
+        checkpoints) from now on, in a background thread; returns a subscription to ``close()``."""
+        subscribe = getattr(self.backend, "subscribe", None)
+        if subscribe is None:
+            raise RockstateError("events come from a cluster: use rockstate.connect(...)")
+        return subscribe(callback)
 
     def close(self) -> None:
         if self._backend is not None:

@@ -181,6 +181,17 @@ class ClusterBackend:
         return self._routed(dict.fromkeys(range(self.partitions)), lambda epoch, groups: p.CommittedBatch(
             epoch=epoch, query=query, groups=groups))
 
+    # -- events --------------------------------------------------------------------
+
+    def events(self, after: int = 0, wait: float = 0.0) -> list[dict]:
+        """Events with ``seq`` > ``after``; waits up to ``wait`` seconds for the first one."""
+        return self._coordinator.call(p.Events(after=after, wait=wait), timeout=wait + self._timeout)
+
+    def subscribe(self, callback: Callable[[dict], None], *, from_now: bool = True) -> "Subscription":
+        """Call ``callback(event)`` in a background thread for every new cluster event."""
+        known = self.events() if from_now else []
+        return Subscription(self, callback, known[-1]["seq"] if known else 0)
+
     # -- checkpoints ---------------------------------------------------------------
 
     @property
@@ -203,6 +214,46 @@ class ClusterBackend:
             for channel in self._channels.values():
                 channel.close()
             self._channels.clear()
+
+
+class Subscription:
+    """A thread that long-polls the coordinator for events; ``close()`` stops it.
+
+    Events are delivered in order, each once; a coordinator restart starts its
+    sequence again, which the subscription notices and follows.
+    """
+
+    POLL = 1.0
+
+    def __init__(self, backend: ClusterBackend, callback: Callable[[dict], None], after: int) -> None:
+        self._backend, self._callback, self.after = backend, callback, after
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rockstate-events", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                events = self._backend.events(self.after, self.POLL)
+            except RockstateError:
+                self._stop.wait(self.POLL)  # the coordinator is away; try again
+                continue
+            if events and events[0]["seq"] <= self.after:  # the coordinator restarted: its numbering too
+                self.after = 0
+            for event in events:
+                if event["seq"] > self.after:
+                    self.after = event["seq"]
+                    self._callback(event)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(self.POLL + 5)
+
+    def __enter__(self) -> "Subscription":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class ClusterCheckpointClient:

@@ -62,7 +62,9 @@ class Coordinator:
         now = time.monotonic()  # a restarted coordinator gives every node a full timeout to check in
         self.members = {nid: Member(nid, m["address"], m["status"], now) for nid, m in saved.get("members", {}).items()}
         self._next_id = saved.get("next_id", 1)
-        self.events: deque[dict] = deque(maxlen=200)
+        self.events: deque[dict] = deque(maxlen=1000)
+        self._event_seq = 0
+        self._new_event = asyncio.Condition()
         self.handlers = {
             p.Register: self.register,
             p.Heartbeat: self.heartbeat,
@@ -72,6 +74,7 @@ class Coordinator:
             p.ClusterStats: self.cluster_stats,
             p.Count: self.count,
             p.Status: self.status,
+            p.Events: self.events_after,
             p.TriggerCheckpoint: self.trigger_checkpoint,
             p.ListCheckpoints: self.list_checkpoints,
             p.RestoreCluster: self.restore_cluster,
@@ -111,7 +114,26 @@ class Coordinator:
         })
 
     def event(self, event: str, **data) -> None:
-        self.events.append({"time": time.time(), "event": event, **data})
+        """Record a cluster event (member joined/left/dead, migration, partition restored, checkpoint...)."""
+        self._event_seq += 1
+        self.events.append({"seq": self._event_seq, "time": time.time(), "event": event, **data})
+        self._spawn(self._notify())
+
+    async def _notify(self) -> None:
+        async with self._new_event:
+            self._new_event.notify_all()
+
+    async def events_after(self, msg: p.Events, conn) -> list:
+        def newer():
+            return [e for e in self.events if e["seq"] > msg.after]
+
+        if not newer() and msg.wait > 0:
+            async with self._new_event:
+                try:
+                    await asyncio.wait_for(self._new_event.wait_for(lambda: bool(newer())), msg.wait)
+                except TimeoutError:
+                    pass
+        return newer()
         log.info("event %s %s", event, data)
 
     def _spawn(self, coro) -> None:

@@ -300,6 +300,14 @@ class ListSavepoints(Message):
     op = "list_savepoints"
 
 
+class Events(Message):
+    """Cluster events with a sequence number above ``after``, waiting up to ``wait`` seconds for one."""
+
+    op = "events"
+    after: int = 0
+    wait: float = 0.0
+
+
 class Status(Message):
     """Nodes, partitions per node, epoch, recent events."""
 

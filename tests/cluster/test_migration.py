@@ -96,3 +96,18 @@ def test_coordinator_killed_in_the_middle_of_a_move(tmp_path):
             big.put(1, b"writable")  # nothing stayed frozen
             assert big.get(1) == b"writable"
             owners_agree(cluster, rs)
+
+
+def test_clients_subscribe_to_cluster_events(tmp_path):
+    seen = []
+    with LocalCluster(nodes=1, partitions=4, root=str(tmp_path), heartbeat_timeout=1.0) as cluster:
+        with cluster.connect() as rs:
+            rs.value_state("e").put_many({i: i for i in range(100)})
+            with rs.subscribe(seen.append):
+                joined = cluster.add_node()
+                cluster.kill_node(joined.node_id)
+                wait_until(lambda: any(e["event"] == "member_dead" for e in seen), 20, "the death event")
+            kinds = [e["event"] for e in seen]
+            assert kinds.index("member_joined") < kinds.index("migration_finished") < kinds.index("member_dead")
+            assert [e["seq"] for e in seen] == sorted({e["seq"] for e in seen})  # in order, each once
+            assert any(e["event"] == "migration_finished" and e["target"] == joined.node_id for e in seen)
