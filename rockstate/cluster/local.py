@@ -66,6 +66,7 @@ class LocalCluster:
         tls: dict[str, str] | None = None,
         checkpoints: str | None = None,
         checkpoint_interval: float | None = None,
+        coordinator_settings: dict[str, Any] | None = None,
     ) -> None:
         """``secret``: a shared secret every connection must prove; ``tls``: {"cert", "key", "ca"} PEM
         files used by every process (and ``ca`` by clients from ``connect()``)."""
@@ -79,6 +80,7 @@ class LocalCluster:
         self._runner = _ProcessRunner(self.root) if processes else _ThreadRunner()
         self.secret = secret
         self.checkpoints, self.checkpoint_interval = checkpoints, checkpoint_interval
+        self.coordinator_settings = dict(coordinator_settings or {})  # more CoordinatorConfig fields
         self._security: dict[str, str | None] = {"secret_file": None, "tls_cert_file": None, "tls_key_file": None, "tls_ca_file": None}
         if secret:
             path = os.path.join(self.root, "secret")
@@ -97,7 +99,7 @@ class LocalCluster:
         return CoordinatorConfig(
             host="127.0.0.1", port=port, data_dir=os.path.join(self.root, "coordinator"),
             partitions=self.partitions, heartbeat_timeout=self.heartbeat_timeout, **self._security,
-            checkpoints=self.checkpoints, checkpoint_interval=self.checkpoint_interval,
+            checkpoints=self.checkpoints, checkpoint_interval=self.checkpoint_interval, **self.coordinator_settings,
         )
 
     def start(self) -> "LocalCluster":
@@ -216,9 +218,15 @@ class _ProcessRunner:
         return flags
 
     @staticmethod
-    def _checkpoint_flags(config: CoordinatorConfig) -> list[str]:
-        flags = ["--checkpoints", config.checkpoints] if config.checkpoints else []
-        return flags + (["--checkpoint-interval", str(config.checkpoint_interval)] if config.checkpoint_interval else [])
+    def _setting_flags(config: CoordinatorConfig) -> list[str]:
+        """Flags for the settings that differ from the defaults (and are not given explicitly)."""
+        explicit = {"host", "port", "data_dir", "partitions", "heartbeat_timeout", "secret_file", "tls_cert_file", "tls_key_file", "tls_ca_file"}
+        flags = []
+        for name, field in CoordinatorConfig.model_fields.items():
+            value = getattr(config, name)
+            if name not in explicit and value != field.default:
+                flags += [f"--{name.replace('_', '-')}", str(value)]
+        return flags
 
     def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen:
         log = open(os.path.join(self.logs, log_name), "ab")
@@ -243,7 +251,7 @@ class _ProcessRunner:
         self.coordinator = self._spawn(
             ["coordinator", "--host", config.host, "--port", str(config.port), "--data-dir", config.data_dir,
              "--partitions", str(config.partitions), "--heartbeat-timeout", str(config.heartbeat_timeout),
-             *self._security_flags(config), *self._checkpoint_flags(config)],
+             *self._security_flags(config), *self._setting_flags(config)],
             "coordinator.log",
         )
         return self._address_of(self.coordinator, config.data_dir, "the coordinator")["address"]
