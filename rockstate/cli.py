@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import sys
+import time
 
 from .config import CoordinatorConfig, NodeConfig, load
 from .errors import RockstateError
@@ -128,6 +129,13 @@ def cmd_status(args: argparse.Namespace) -> None:
     for n in status["nodes"]:
         table.add_row(n["node_id"], n["address"], n["status"], str(n["partitions"]), f"{n['last_seen']:.1f}")
     console.print(table)
+    if status.get("pipelines"):
+        pipes = Table("pipeline", "last batch", "last checkpoint", "rows in", "rows out", "batch seconds", "updated")
+        for r in status["pipelines"]:
+            last = (r.get("batches") or [{}])[-1]
+            pipes.add_row(r["query"], str(r.get("last_batch")), str(r.get("last_checkpoint")), str(last.get("rows_in")),
+                          str(last.get("rows_out")), str(last.get("seconds")), time.strftime("%H:%M:%S", time.localtime(r.get("updated", 0))))
+        console.print(pipes)
     if status["events"]:
         events = Table("recent events", "details")
         for e in status["events"][-10:]:

@@ -204,6 +204,9 @@ class ClusterBackend:
     def stats(self) -> dict:
         return self._coordinator.call(p.ClusterStats())
 
+    def report_pipeline(self, record: dict) -> None:
+        self._coordinator.call(p.PipelineProgress(record=record))
+
     def status(self) -> dict:
         return self._coordinator.call(p.Status())
 

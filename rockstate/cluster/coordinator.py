@@ -62,6 +62,7 @@ class Coordinator:
         now = time.monotonic()  # a restarted coordinator gives every node a full timeout to check in
         self.members = {nid: Member(nid, m["address"], m["status"], now) for nid, m in saved.get("members", {}).items()}
         self._next_id = saved.get("next_id", 1)
+        self.pipelines: dict[str, dict] = saved.get("pipelines", {})
         self.events: deque[dict] = deque(maxlen=1000)
         self._event_seq = 0
         self._new_event = asyncio.Condition()
@@ -75,6 +76,7 @@ class Coordinator:
             p.Count: self.count,
             p.Status: self.status,
             p.Events: self.events_after,
+            p.PipelineProgress: self.pipeline_progress,
             p.TriggerCheckpoint: self.trigger_checkpoint,
             p.ListCheckpoints: self.list_checkpoints,
             p.RestoreCluster: self.restore_cluster,
@@ -111,12 +113,14 @@ class Coordinator:
             "states": [s.to_dict() for s in self.specs.values()],
             "members": {m.node_id: {"address": m.address, "status": m.status} for m in self.members.values()},
             "next_id": self._next_id,
+            "pipelines": self.pipelines,
         })
 
     def event(self, event: str, **data) -> None:
         """Record a cluster event (member joined/left/dead, migration, partition restored, checkpoint...)."""
         self._event_seq += 1
         self.events.append({"seq": self._event_seq, "time": time.time(), "event": event, **data})
+        log.info("event %s %s", event, data)
         self._spawn(self._notify())
 
     async def _notify(self) -> None:
@@ -134,7 +138,6 @@ class Coordinator:
                 except TimeoutError:
                     pass
         return newer()
-        log.info("event %s %s", event, data)
 
     def _spawn(self, coro) -> None:
         task = asyncio.create_task(coro)
@@ -432,6 +435,10 @@ class Coordinator:
     async def list_savepoints(self, msg: p.ListSavepoints, conn) -> list:
         return await self._checkpoints().savepoints()
 
+    async def pipeline_progress(self, msg: p.PipelineProgress, conn) -> None:
+        self.pipelines[msg.record["query"]] = {**msg.record, "batches": msg.record.get("batches", [])[-5:]}
+        self._save()
+
     async def status(self, msg: p.Status, conn) -> dict:
         now = time.monotonic()
         counts = {}
@@ -448,6 +455,7 @@ class Coordinator:
                 for m in sorted(self.members.values(), key=lambda m: m.node_id)
             ],
             "events": list(self.events)[-100:],
+            "pipelines": sorted(self.pipelines.values(), key=lambda r: -r.get("updated", 0)),
             "checkpoints": None if self.checkpoints is None else {
                 "url": self.config.checkpoints, "latest": self.checkpoints.latest(), "recent": self.checkpoints.history()[-5:]},
         }

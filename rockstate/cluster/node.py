@@ -46,6 +46,8 @@ class Node:
         self.table: Table | None = None
         self.owned: dict[int, int] = {}
         self.frozen: dict[int, asyncio.Event] = {}
+        self._retiring: dict[int, asyncio.Future] = {}
+        self._peers: dict[str, AsyncChannel] = {}
         self.metrics = NodeMetrics()
         self.handlers = {
             p.Write: self.write,
@@ -80,6 +82,12 @@ class Node:
         self._heartbeat: asyncio.Task | None = None
         self._table_lock = asyncio.Lock()
         self.stopped = asyncio.Event()
+
+    def _mover(self, address: str) -> AsyncChannel:
+        """A kept connection to a node partitions move from."""
+        if address not in self._peers:
+            self._peers[address] = self._peer(address, timeout=120.0)
+        return self._peers[address]
 
     def _peer(self, address: str, timeout: float) -> AsyncChannel:
         return AsyncChannel(address, name="node", timeout=timeout, ssl=self.security.client_ssl, secret=self.security.secret)
@@ -150,6 +158,9 @@ class Node:
             self._heartbeat.cancel()
         await self.server.stop()
         await self.coordinator.close()
+        for peer in self._peers.values():
+            await peer.close()
+        await asyncio.gather(*self._retiring.values(), return_exceptions=True)
         if self.store is not None:
             self.store.close()
         self.metrics.close()
@@ -180,16 +191,28 @@ class Node:
             mine = {pid: table.since[pid] for pid in table.owned_by(self.node_id)}
             for pid in set(self.owned) - set(mine):
                 self.owned.pop(pid)
-                self.store.close_partition(pid, drop=True)
-                self.move_source.discard(pid)
-                if self.checkpoints is not None:
-                    self.checkpoints.drop(pid)
-                self._unfreeze(pid)
+                self._unfreeze(pid)  # writes that waited for the move now learn the new owner
+                # closing and deleting can take long (the disk frees the space): not while writes wait
+                self._retiring[pid] = asyncio.ensure_future(asyncio.to_thread(self._retire, pid))
             for pid in set(mine) - set(self.owned):
+                await self._settled(pid)
                 self.store.open_partition(pid)
             self.owned = mine
             self.table = table
             self.metrics.partitions.set(len(mine))
+
+    def _retire(self, pid: int) -> None:
+        """Drop a partition this node no longer owns, with its move copy and local snapshots."""
+        self.store.close_partition(pid, drop=True)
+        self.move_source.discard(pid)
+        if self.checkpoints is not None:
+            self.checkpoints.drop(pid)
+
+    async def _settled(self, pid: int) -> None:
+        """Wait until an earlier copy of the partition is gone, before it is opened or replaced again."""
+        retiring = self._retiring.pop(pid, None)
+        if retiring is not None:
+            await retiring
 
     def _check(self, pid: object, epoch: int) -> int:
         pid = self.store.check_pid(pid)
@@ -277,6 +300,7 @@ class Node:
         checkpoints = self._checkpoints()
         stats = []
         for pid in msg.partitions:
+            await self._settled(pid)
             self.frozen.setdefault(pid, asyncio.Event())  # writes wait while the partition is replaced
             try:
                 stats.append(await asyncio.to_thread(checkpoints.restore, self.store.check_pid(pid), msg.checkpoint, msg.base))
@@ -302,8 +326,9 @@ class Node:
         pid = self.store.check_pid(msg.partition)
         if pid in self.owned:
             raise ClusterError(f"node {self.node_id} already owns partition {pid}")
+        await self._settled(pid)
         target = self.move_target.start(pid)
-        source = self._peer(msg.source, timeout=120.0)
+        source = self._mover(msg.source)
         copied = 0
         try:
             for name, size in await source.call(p.MoveCopy(partition=pid)):
@@ -317,18 +342,13 @@ class Node:
         except BaseException:
             self.move_target.discard(pid)
             raise
-        finally:
-            await source.close()
         return copied
 
     async def pull_delta(self, msg: p.PullDelta, conn) -> int:
         """Move phase 2: the source is frozen; install the copy and apply what was written since."""
         pid = self.store.check_pid(msg.partition)
-        source = self._peer(msg.source, timeout=120.0)
-        try:
-            delta = await source.call(p.MoveDelta(partition=pid))
-        finally:
-            await source.close()
+        delta = await self._mover(msg.source).call(p.MoveDelta(partition=pid))
+        await self._settled(pid)
         await asyncio.to_thread(self.move_target.install, pid, delta)
         return len(delta)
 

@@ -300,6 +300,13 @@ class ListSavepoints(Message):
     op = "list_savepoints"
 
 
+class PipelineProgress(Message):
+    """A pipeline's bookkeeping after a committed micro-batch (query, last batch, checkpoint, rows, durations)."""
+
+    op = "pipeline_progress"
+    record: dict
+
+
 class Events(Message):
     """Cluster events with a sequence number above ``after``, waiting up to ``wait`` seconds for one."""
 

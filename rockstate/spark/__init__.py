@@ -8,12 +8,17 @@ per owner per batch, never one per key).
 
 from .batch import BatchWriter
 from .client import StateClientSpec, UnsupportedClientError, close_clients
+from .exactly_once import ExactlyOnce, ParquetSink, StateRewoundError, exactly_once
 from .operator import transform_with_state
 from .partitioning import PARTITION_COLUMN, with_partition
 from .processor import ListStateHandle, MapStateHandle, StatefulProcessor, StatefulProcessorHandle, ValueStateHandle
 
 __all__ = [
     "BatchWriter",
+    "ExactlyOnce",
+    "ParquetSink",
+    "StateRewoundError",
+    "exactly_once",
     "ListStateHandle",
     "MapStateHandle",
     "PARTITION_COLUMN",

@@ -35,6 +35,7 @@ from ..errors import InvalidInputError
 from ..serde import encode_keys
 from .batch import Batch, BatchWriter
 from .chunks import chunks
+from .exactly_once import StagingWriter, TaskStage, current_transaction
 from .client import StateClientSpec, as_spec, backend_for
 from .partitioning import PARTITION_COLUMN, key_names, route_by_owner, with_partition
 from .processor import StatefulProcessor, StatefulProcessorHandle
@@ -107,8 +108,11 @@ class TaskRunner:
     """The function ``mapInArrow`` runs in every task; pickled to the executors with the processor."""
 
     def __init__(self, spec: StateClientSpec, processor: StatefulProcessor, keys: Sequence[str],
-                 schema: T.StructType, max_batch_bytes: int) -> None:
+                 schema: T.StructType, max_batch_bytes: int, stage: TaskStage | None = None, counters: list | None = None) -> None:
+        """``stage``: inside ``exactly_once``, the micro-batch to stage writes under (None: write directly);
+        ``counters``: Spark accumulators of rows in and out."""
         self.spec, self.processor, self.keys = spec, processor, list(keys)
+        self.stage, self.counters = stage, counters
         self.mode = _mode(processor)
         self.schema = schema
         self.max_batch_bytes = max_batch_bytes
@@ -117,16 +121,26 @@ class TaskRunner:
         backend = backend_for(self.spec)
         handle = StatefulProcessorHandle(backend)
         self.processor.init(handle)
+        staging = StagingWriter(backend, self.stage) if self.stage else None
+        rows_in = rows_out = 0
         try:
             for table, starts in chunks(batches, PARTITION_COLUMN, self.keys, self.max_batch_bytes):
-                batch, output = Batch(backend, BatchWriter(backend)), Output(self.schema)
+                batch, output = Batch(backend, staging or BatchWriter(backend)), Output(self.schema)
+                rows_in += table.num_rows
                 handle.begin(batch)
                 if self.mode == "handle_batch":
                     output.add(self.processor.handle_batch(table.drop_columns([PARTITION_COLUMN]).to_pandas()))
                 else:
                     self._per_key(handle, batch, table, starts, output)
                 handle.finish()  # state first: the output below depends on it
-                yield from output.batches()
+                for out in output.batches():
+                    rows_out += out.num_rows
+                    yield out
+            if staging is not None:
+                staging.done()
+            if self.counters:
+                self.counters[0].add(rows_in)
+                self.counters[1].add(rows_out)
         finally:
             self.processor.close()
 
@@ -177,7 +191,14 @@ def transform_with_state(
     """
     names = key_names(keys)
     spec = as_spec(client)
-    runner = TaskRunner(spec, processor, names, _struct(output_schema), max_batch_bytes)
+    txn = current_transaction()  # set by exactly_once around its sink
+    stage = counters = None
+    if txn is not None:
+        stage = TaskStage(txn.query, txn.batch, txn.next_operator())
+        if not txn.counters:
+            txn.counters = [df.sparkSession.sparkContext.accumulator(0) for _ in range(2)]
+        counters = txn.counters
+    runner = TaskRunner(spec, processor, names, _struct(output_schema), max_batch_bytes, stage, counters)
     backend = client.backend if isinstance(client, Rockstate) else backend_for(spec)
     tasks = tasks or int(df.sparkSession.conf.get("spark.sql.shuffle.partitions"))
     shuffled = route_by_owner(with_partition(df, names, backend.partitions), PARTITION_COLUMN, backend.table.owners, tasks)
