@@ -3,19 +3,21 @@
 Phase 1, the source keeps serving. The target asks the source for a copy:
 the source takes a hard-link RocksDB checkpoint of the partition under its
 write lock and, from that instant, records every write to the partition.
-The target fetches the copy's files in chunks into ``<store>/incoming/``.
+The target fetches the copy's files in chunks into ``<store>/incoming/``,
+opens the copy (not serving it), and catches up with the writes recorded
+while it fetched.
 
 Phase 2, the partition is frozen on the source (writes wait; the coordinator
-does this). The target takes the recorded writes — a small delta — installs
-the copy as its partition, and applies the delta. The coordinator then
-bumps the table epoch: the target serves, the source drops its copy, and
-the writes that waited are refused there (NOT_OWNER) and retried at the
-target.
+does this). The target takes the writes recorded since its catch-up — a
+small delta — and applies them. The coordinator then bumps the table epoch:
+the target serves, the source drops its copy, and the writes that waited
+are refused there (NOT_OWNER) and retried at the target. Writes wait only
+for the last delta, however large the partition.
 
-Transitions, on the source: SERVING --copy--> RECORDING --freeze--> FROZEN
---delta taken--> HANDED_OVER --new table--> dropped. Any failure before the
-new table: the coordinator unfreezes the source, which discards the copy and
-the recording and serves on.
+Transitions, on the source: SERVING --copy--> RECORDING --catch-up delta-->
+RECORDING --freeze--> FROZEN --last delta--> HANDED_OVER --new table-->
+dropped. Any failure before the new table: the coordinator unfreezes the
+source, which discards the copy and the recording and serves on.
 """
 
 from __future__ import annotations
@@ -52,9 +54,9 @@ class MoveSource:
             f.seek(offset)
             return f.read(min(length, CHUNK))
 
-    def delta(self, pid: int) -> list:
-        """The writes since the copy (the partition is frozen: no more will come)."""
-        return self.store.partition(pid).take_recorded()
+    def delta(self, pid: int, final: bool) -> list:
+        """The writes since the copy or the last delta; ``final``: the partition is frozen, recording ends."""
+        return self.store.partition(pid).take_recorded(stop=final)
 
     def discard(self, pid: int) -> None:
         shutil.rmtree(self._dir(pid), ignore_errors=True)
@@ -78,13 +80,15 @@ class MoveTarget:
         os.makedirs(target)
         return target
 
-    def install(self, pid: int, delta: list) -> None:
-        """The fetched copy becomes the partition, and the delta is applied to it (blocking)."""
+    def install(self, pid: int) -> None:
+        """The fetched copy becomes the (not yet served) partition (blocking)."""
         self.store.close_partition(pid, drop=True)
         os.replace(self.dir(pid), self.store.partition_path(pid))
-        part = self.store.open_partition(pid)
+        self.store.open_partition(pid)
+
+    def apply(self, pid: int, delta: list) -> None:
         if delta:
-            part.write(delta)
+            self.store.partition(pid).write(delta)
 
     def discard(self, pid: int) -> None:
         shutil.rmtree(self.dir(pid), ignore_errors=True)

@@ -322,7 +322,7 @@ class Node:
             event.set()
 
     async def pull(self, msg: p.Pull, conn) -> int:
-        """Move phase 1 (see moves.py): fetch the source's copy while it keeps serving."""
+        """Move phase 1 (see moves.py): fetch the source's copy while it serves, open it, catch up."""
         pid = self.store.check_pid(msg.partition)
         if pid in self.owned:
             raise ClusterError(f"node {self.node_id} already owns partition {pid}")
@@ -339,17 +339,20 @@ class Node:
                             raise ClusterError(f"{name} of partition {pid} ended at {f.tell()} of {size} bytes")
                         f.write(data)
                 copied += size
+            await asyncio.to_thread(self.move_target.install, pid)
+            catch_up = await source.call(p.MoveDelta(partition=pid, final=False))
+            await asyncio.to_thread(self.move_target.apply, pid, catch_up)
         except BaseException:
             self.move_target.discard(pid)
+            self.store.close_partition(pid, drop=True)
             raise
         return copied
 
     async def pull_delta(self, msg: p.PullDelta, conn) -> int:
-        """Move phase 2: the source is frozen; install the copy and apply what was written since."""
+        """Move phase 2: the source is frozen; apply the last writes it recorded."""
         pid = self.store.check_pid(msg.partition)
-        delta = await self._mover(msg.source).call(p.MoveDelta(partition=pid))
-        await self._settled(pid)
-        await asyncio.to_thread(self.move_target.install, pid, delta)
+        delta = await self._mover(msg.source).call(p.MoveDelta(partition=pid, final=True))
+        self.move_target.apply(pid, delta)
         return len(delta)
 
     async def thaw(self, msg: p.Thaw, conn) -> None:
@@ -376,7 +379,7 @@ class Node:
         return await asyncio.to_thread(self.move_source.chunk, self._owned(msg.partition), msg.name, msg.offset, msg.length)
 
     async def move_delta(self, msg: p.MoveDelta, conn) -> list:
-        return self.move_source.delta(self._owned(msg.partition))
+        return self.move_source.delta(self._owned(msg.partition), msg.final)
 
     async def move_discard(self, msg: p.MoveDiscard, conn) -> None:
         self.move_source.discard(msg.partition)

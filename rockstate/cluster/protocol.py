@@ -208,10 +208,11 @@ class MoveChunk(Message):
 
 
 class MoveDelta(Message):
-    """On the (frozen) source: the writes since the copy."""
+    """On the source: the writes since the copy or the last delta; ``final`` (frozen): recording ends."""
 
     op = "move_delta"
     partition: int
+    final: bool = True
 
 
 class MoveDiscard(Message):

@@ -147,10 +147,11 @@ class Partition:
                 self._recording = []
             return time.perf_counter() - start
 
-    def take_recorded(self) -> list:
-        """The writes since ``hard_link_copy(record=True)``; recording stops."""
+    def take_recorded(self, stop: bool = True) -> list:
+        """The writes recorded since ``hard_link_copy(record=True)`` or the last take; ``stop`` ends recording."""
         with self.lock:
-            ops, self._recording = self._recording or [], None
+            ops = self._recording or []
+            self._recording = None if stop else []
             return ops
 
     def _batch(self, ops: Sequence[Op]) -> WriteBatch:
