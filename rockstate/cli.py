@@ -146,6 +146,7 @@ def cmd_status(args: argparse.Namespace) -> None:
 def cmd_demo(args: argparse.Namespace) -> None:
     from .demo import main as demo
 
+    logging.getLogger().setLevel(logging.WARNING)  # the demo shows its own progress
     sys.exit(demo(args))
 
 
@@ -189,8 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", type=int, default=None, help="create: from this checkpoint (default: take a new one)")
     p.set_defaults(func=cmd_savepoint)
 
-    p = sub.add_parser("demo", help="run the demo end to end")
-    p.add_argument("--path", default=None, help="where to keep the demo's store (default: a temporary directory)")
+    p = sub.add_parser("demo", help="a CDC pipeline on PySpark through a node failure and a join, verified end to end")
+    from .demo import add_arguments
+
+    add_arguments(p)
     p.set_defaults(func=cmd_demo)
     return parser
 

@@ -1,0 +1,14 @@
+"""The main job, small: `rockstate demo` runs the CDC pipeline through a kill and a join and verifies it."""
+
+import subprocess
+import sys
+
+
+def test_demo_verifies_the_materialized_table():
+    result = subprocess.run([sys.executable, "-m", "rockstate.cli", "demo", "--events", "6000", "--files", "4"],
+                            capture_output=True, text=True, timeout=600)
+    out = result.stdout
+    assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
+    assert "killed state node" in out and "partitions restored to checkpoint" in out
+    assert "joined" in out and "partitions moved to" in out
+    assert out.rstrip().endswith("OK")
