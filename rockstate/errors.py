@@ -184,6 +184,27 @@ class FrameTruncatedError(ProtocolError, ConnectionLostError):
     retryable = True
 
 
+class RollbackError(StoreError):
+    """A query's state cannot be rolled back that far: the undo records are gone."""
+
+    code = "ROLLBACK"
+
+
+# -- pipelines ---------------------------------------------------------------
+
+
+class UnsupportedClientError(ConfigError):
+    """``client=`` is something Spark executors cannot use to reach the state (e.g. an embedded store)."""
+
+    code = "UNSUPPORTED_CLIENT"
+
+
+class StateRewoundError(RockstateError):
+    """A query's state is behind Spark's last committed batch (restored from an older checkpoint)."""
+
+    code = "STATE_REWOUND"
+
+
 # -- checkpoints -------------------------------------------------------------
 
 

@@ -6,7 +6,7 @@ from rockstate.config import StoreConfig
 from rockstate.serde import decode_stream, decode_value, encode_key, encode_value
 from rockstate.store import APPEND, DELETE, DELETE_PREFIX, PUT, PUT_MANY, StateSpec, Store
 from rockstate.store import staging
-from rockstate.store.staging import RollbackError
+from rockstate.errors import RollbackError
 
 
 @pytest.fixture

@@ -4,17 +4,28 @@
 ``transform_with_state`` runs a ``StatefulProcessor`` over a batch or
 streaming DataFrame, reading and writing its state in batches (one request
 per owner per batch, never one per key).
+
+``bulk_load`` writes a DataFrame into a state as sorted SST files, and
+``spark.read.format("rockstate")`` (after ``register_data_source(spark)``)
+reads a state of a checkpoint back as a DataFrame.
 """
 
 from .batch import BatchWriter
-from .client import StateClientSpec, UnsupportedClientError, close_clients
-from .exactly_once import ExactlyOnce, ParquetSink, StateRewoundError, exactly_once
+from .bulk import BulkLoadResult, bulk_load
+from ..errors import StateRewoundError, UnsupportedClientError
+from .client import StateClientSpec, close_clients
+from .datasource import RockstateDataSource, register_data_source
+from .exactly_once import ExactlyOnce, ParquetSink, exactly_once
 from .operator import transform_with_state
 from .partitioning import PARTITION_COLUMN, with_partition
 from .processor import ListStateHandle, MapStateHandle, StatefulProcessor, StatefulProcessorHandle, ValueStateHandle
 
 __all__ = [
     "BatchWriter",
+    "BulkLoadResult",
+    "RockstateDataSource",
+    "bulk_load",
+    "register_data_source",
     "ExactlyOnce",
     "ParquetSink",
     "StateRewoundError",

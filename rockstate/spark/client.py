@@ -20,14 +20,8 @@ from dataclasses import dataclass
 
 from ..api import Rockstate
 from ..cluster.client import ClusterBackend
-from ..errors import ConfigError
+from ..errors import UnsupportedClientError
 from ..states import Backend
-
-
-class UnsupportedClientError(ConfigError):
-    """``client=`` is something executors cannot use to reach the state (e.g. an embedded store)."""
-
-    code = "UNSUPPORTED_CLIENT"
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from typing import Any, Callable
 from pyspark import TaskContext
 from pyspark.sql import DataFrame
 
-from ..errors import CheckpointsNotConfiguredError, RockstateError
+from ..errors import CheckpointsNotConfiguredError, RockstateError, StateRewoundError
 from ..keys import partition_of
 from ..serde import decode_value, encode_key, encode_value
 from ..store import PUT, StateSpec
@@ -48,12 +48,6 @@ log = logging.getLogger(__name__)
 TASKS_PER_OPERATOR = 1 << 20  # task ids of the n-th operator in a batch start at n * this
 PIPELINES = "_pipelines"  # the state where each query's bookkeeping lives
 HISTORY = 20
-
-
-class StateRewoundError(RockstateError):
-    """The query's state is behind Spark's last committed batch (restored from an older checkpoint)."""
-
-    code = "STATE_REWOUND"
 
 
 @dataclass

@@ -28,7 +28,7 @@ from __future__ import annotations
 import struct
 import msgpack
 
-from ..errors import StoreError
+from ..errors import RollbackError
 from .partition import APPEND, DELETE, DELETE_MANY, DELETE_PREFIX, DELETE_RANGE, PUT, PUT_MANY, RAW_PUT, Partition, prefix_end
 
 STAGED, UNDO, META = "_staged", "_undo", "_meta"
@@ -38,12 +38,6 @@ KEEP_UNDO = 3  # batches a query can roll back; older undo entries are dropped a
 _BATCH = struct.Struct(">Q")
 _ATTEMPT = struct.Struct(">II")
 _SEQ = struct.Struct(">I")
-
-
-class RollbackError(StoreError):
-    """The state cannot be rolled back that far: the undo entries are gone."""
-
-    code = "ROLLBACK"
 
 
 def _query(query: str) -> bytes:
