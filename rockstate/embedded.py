@@ -34,6 +34,9 @@ class EmbeddedBackend:
     def get_many(self, state, keys_by_pid):
         return {pid: self.store.get_many(pid, state, keys) for pid, keys in keys_by_pid.items()}
 
+    def compare_and_set(self, state, pid, key, expected, new) -> bool:
+        return self.store.partition(pid).compare_and_set(state, key, expected, new)
+
     def scan(self, state, pid, prefix, after, limit):
         return self.store.scan(pid, state, prefix, after, limit)
 

@@ -37,6 +37,7 @@ class Backend(Protocol):
     def get_many(self, state: str, keys_by_pid: dict[int, list[bytes]]) -> dict[int, list[bytes | None]]: ...
     def scan(self, state: str, pid: int, prefix: bytes, after: bytes | None, limit: int) -> list[tuple[bytes, bytes]]: ...
     def count(self, state: str) -> int: ...
+    def compare_and_set(self, state: str, pid: int, key: bytes, expected: bytes | None, new: bytes) -> bool: ...
 
 
 def prepare_keys(keys: list, partitions: int, limit: int) -> tuple[list[bytes], np.ndarray]:
@@ -115,6 +116,17 @@ class ValueState(_State):
 
     def delete(self, key: Any) -> None:
         self._write_one(*self._key(key), DELETE)
+
+    def compare_and_set(self, key: Any, expected: Any, new: Any) -> bool:
+        """Set ``key`` to ``new`` if its value is ``expected`` (None: it has none), atomically; returns whether it did.
+
+        Values compare by their encoding (1 and 1.0 differ). Not retried once
+        sent: on a cluster, a reply lost on its way back raises
+        ``ClusterTimeoutError`` with ``data["maybe_applied"]``, since the
+        compare-and-set may or may not have happened.
+        """
+        pid, k = self._key(key)
+        return self._backend.compare_and_set(self.name, pid, k, None if expected is None else self._value(expected), self._value(new))
 
     def contains(self, key: Any) -> bool:
         return self._get_one(*self._key(key)) is not None

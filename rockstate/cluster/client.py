@@ -7,11 +7,13 @@ lost connection refreshes the table and retries the groups that failed, until
 error. Synchronous and thread-safe: it runs inside Spark executors.
 
 Retries: reads, scans, PUT and DELETE are idempotent. An APPEND whose reply
-was lost may be applied twice (at-least-once).
+was lost may be applied twice (at-least-once). A compare-and-set is retried
+only while nothing can have been applied (see ``compare_and_set``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from ssl import SSLContext
 import threading
@@ -20,12 +22,14 @@ from typing import Any, Callable
 
 from ..api import Rockstate
 from ..checkpoint.coordinator import CheckpointRecord
+from ..checkpoint.manifest import checksum_file
 from ..checkpoint.restore import PartitionRestore, RestoreResult, SkippedCheckpoint
 from ..checkpoint.savepoint import SavepointInfo
-from ..errors import ClusterTimeoutError, PartitionUnavailableError, RockstateError, StoreClosedError
+from ..errors import ClusterTimeoutError, NotOwnerError, PartitionUnavailableError, RockstateError, StoreClosedError
 from ..rpc.client import Channel, call_many
 from ..store import StateSpec
 from . import protocol as p
+from .ingest import upload_and_ingest
 from .security import load_secret
 from .table import Table
 
@@ -140,6 +144,44 @@ class ClusterBackend:
     def get_many(self, state: str, keys_by_pid: dict[int, list[bytes]]) -> dict[int, list[bytes | None]]:
         return self._routed(keys_by_pid, lambda epoch, groups: p.Read(epoch=epoch, state=state, groups=groups))
 
+    def compare_and_set(self, state: str, pid: int, key: bytes, expected: bytes | None, new: bytes) -> bool:
+        """Atomically on the partition's owner; answers whether it applied.
+
+        Retried like a write while nothing can have been applied (NOT_OWNER, a
+        moving partition, no connection to the owner) until ``retry_timeout``.
+        A transport failure once the request may have reached the owner is not
+        retried, since a second attempt could not tell whether the first
+        applied: it raises ``ClusterTimeoutError`` with ``data["maybe_applied"]``.
+        """
+        deadline = time.monotonic() + self.retry_timeout
+        for attempt in itertools.count():
+            table = self.table
+            address = table.owner_address(pid)
+            try:
+                if address is None:
+                    raise PartitionUnavailableError(f"partition {pid} has no live owner", partition=pid)
+                msg = p.CompareAndSet(epoch=table.epoch, groups=[[pid, [state, key, expected, new]]])
+                return self._call_once(self._channel(address), msg)[0]
+            except RockstateError as e:
+                if not e.retryable or e.data.get("maybe_applied"):
+                    raise
+                self._back_off(deadline, attempt, e, [pid])
+        raise AssertionError("unreachable")
+
+    def _call_once(self, channel: Channel, msg: p.CompareAndSet) -> Any:
+        """A call that is not safe to repeat: a transport failure after the request may have gone out is final."""
+        with contextlib.ExitStack() as stack:
+            conn = stack.enter_context(channel._connection(self._timeout))  # failing here: nothing was sent
+            try:
+                return conn.call(msg, self._timeout)
+            except (NotOwnerError, PartitionUnavailableError):
+                raise  # refused before anything was applied
+            except RockstateError as e:
+                if not e.retryable:
+                    raise
+                raise ClusterTimeoutError(f"{msg.op} on {channel.address}: {e}; it may or may not have been applied",
+                                          maybe_applied=True, partitions=[pid for pid, _ in msg.groups]) from e
+
     def scan(self, state: str, pid: int, prefix: bytes, after: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
         deadline = time.monotonic() + self.retry_timeout
         for attempt in itertools.count():
@@ -150,6 +192,30 @@ class ClusterBackend:
                     raise PartitionUnavailableError(f"partition {pid} has no live owner", partition=pid)
                 msg = p.Scan(epoch=table.epoch, partition=pid, state=state, prefix=prefix, after=after, limit=limit)
                 return [tuple(entry) for entry in self._channel(address).call(msg)]
+            except RockstateError as e:
+                if not e.retryable:
+                    raise
+                self._back_off(deadline, attempt, e, [pid])
+        raise AssertionError("unreachable")
+
+    # -- bulk ingestion (see cluster/ingest.py) ------------------------------------
+
+    def ingest_sst(self, state: str, pid: int, path: str) -> int:
+        """Ingest an SST file made by ``ingest.write_sst`` into ``state`` of partition ``pid``; returns its size.
+
+        The file goes to the partition's owner; on NOT_OWNER, a moving partition
+        or a lost connection the table is refreshed and the whole upload is
+        retried (ingesting a file twice is harmless) until ``retry_timeout``.
+        """
+        size, checksum = checksum_file(path)
+        deadline = time.monotonic() + self.retry_timeout
+        for attempt in itertools.count():
+            table = self.table
+            address = table.owner_address(pid)
+            try:
+                if address is None:
+                    raise PartitionUnavailableError(f"partition {pid} has no live owner", partition=pid)
+                return upload_and_ingest(self._channel(address), table.epoch, pid, state, path, size, checksum)
             except RockstateError as e:
                 if not e.retryable:
                     raise

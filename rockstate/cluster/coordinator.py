@@ -22,10 +22,11 @@ from collections import deque
 from dataclasses import dataclass
 
 from ..config import CheckpointConfig, CoordinatorConfig
-from ..errors import CheckpointsNotConfiguredError, ClusterError, PartitionUnavailableError, UnknownNodeError, UnknownStateError
+from ..errors import CheckpointsNotConfiguredError, ClusterError, PartitionUnavailableError, RockstateError, UnknownNodeError
 from ..rpc.client import AsyncChannel
 from ..rpc.server import Server
 from ..store import StateSpec
+from ..store.catalog import unknown_state
 from ..store.store import read_json, write_json
 from . import protocol as p
 from .assignment import assign
@@ -179,6 +180,10 @@ class Coordinator:
             await asyncio.sleep(0.05)
         async with self.table_lock:
             await self._broadcast(p.Thaw())
+            # a new epoch: a source that let go of a partition just before the crash takes it back
+            self.table = self.table.with_addresses({m.node_id: m.address for m in self.members.values()})
+            self._save()
+            await self._broadcast(p.ApplyTable(table=self.table.to_wire()))
         self.event("coordinator_resumed", epoch=self.table.epoch)
         await self._rebalance()
 
@@ -353,6 +358,14 @@ class Coordinator:
                    write_blocked_seconds=round(finished - (started if not self.config.live_migration else frozen), 4))
 
     async def _commit_owner(self, pid: int, owner: str) -> None:
+        """The new owner serves from the next epoch. The old owner lets go first, before the table
+        changes, so no two nodes ever serve the partition at once (no stale read from the old one)."""
+        previous = self.members.get(self.table.owners[pid])
+        if previous is not None and previous.node_id != owner and previous.status in ("alive", "leaving"):
+            try:
+                await previous.rpc(self.security).call(p.Release(partition=pid))
+            except RockstateError as e:  # unreachable: it learns of the new table by its next heartbeat
+                log.warning("could not make %s let go of partition %d: %s", previous.node_id, pid, e)
         owners = list(self.table.owners)
         owners[pid] = owner
         self.table = self.table.with_owners(owners, {m.node_id: m.address for m in self.members.values()})
@@ -391,7 +404,7 @@ class Coordinator:
 
     async def count(self, msg: p.Count, conn) -> int:
         if msg.state not in self.specs:
-            raise UnknownStateError(f"unknown state {msg.state!r}")
+            raise unknown_state(msg.state)
         return sum(n for _, n in await self._ask_all(p.NodeCount(state=msg.state)))
 
     async def cluster_stats(self, msg: p.ClusterStats, conn) -> dict:

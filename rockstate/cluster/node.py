@@ -18,12 +18,14 @@ import os
 import shutil
 
 from ..config import CheckpointConfig, NodeConfig, StoreConfig
-from ..errors import CheckpointsNotConfiguredError, ClusterError, NotOwnerError, PartitionUnavailableError, RockstateError, UnknownNodeError
+from ..errors import CheckpointsNotConfiguredError, ClusterError, NotOwnerError, PartitionUnavailableError, ProtocolError, RockstateError, UnknownNodeError
 from ..rpc.client import AsyncChannel
 from ..rpc.server import Server
 from ..store import StateSpec, Store, staging
+from ..store.partition import check_ops
 from ..store.store import read_json, write_json
 from . import protocol as p
+from .ingest import SstIngestor
 from .metrics import NodeMetrics
 from .moves import CHUNK, MoveSource, MoveTarget
 from .node_checkpoints import NodeCheckpoints
@@ -47,10 +49,13 @@ class Node:
         self.owned: dict[int, int] = {}
         self.frozen: dict[int, asyncio.Event] = {}
         self._retiring: dict[int, asyncio.Future] = {}
+        self.released: set[int] = set()  # let go of, waiting for the table that names the new owner
         self._peers: dict[str, AsyncChannel] = {}
         self.metrics = NodeMetrics()
+        self.ingestor = SstIngestor(self)  # bulk-loaded SST files (cluster/ingest.py)
         self.handlers = {
             p.Write: self.write,
+            p.CompareAndSet: self.compare_and_set,
             p.Read: self.read,
             p.Scan: self.scan,
             p.Stage: self.stage,
@@ -67,6 +72,7 @@ class Node:
             p.RestorePartitions: self.restore_partitions,
             p.Freeze: self.freeze,
             p.Thaw: self.thaw,
+            p.Release: self.release,
             p.Pull: self.pull,
             p.PullDelta: self.pull_delta,
             p.PullDiscard: self.pull_discard,
@@ -74,6 +80,7 @@ class Node:
             p.MoveChunk: self.move_chunk,
             p.MoveDelta: self.move_delta,
             p.MoveDiscard: self.move_discard,
+            **self.ingestor.handlers,
         }
         self.security = Security.from_config(config)
         self.server = Server(self.metrics.timed(self.handlers), config.host, config.port, name="node",
@@ -189,11 +196,12 @@ class Node:
             if self.table is not None and table.epoch <= self.table.epoch:
                 return
             mine = {pid: table.since[pid] for pid in table.owned_by(self.node_id)}
-            for pid in set(self.owned) - set(mine):
-                self.owned.pop(pid)
+            for pid in (set(self.owned) | self.released) - set(mine):
+                self.owned.pop(pid, None)
                 self._unfreeze(pid)  # writes that waited for the move now learn the new owner
                 # closing and deleting can take long (the disk frees the space): not while writes wait
                 self._retiring[pid] = asyncio.ensure_future(asyncio.to_thread(self._retire, pid))
+            self.released.clear()
             for pid in set(mine) - set(self.owned):
                 await self._settled(pid)
                 self.store.open_partition(pid)
@@ -228,14 +236,35 @@ class Node:
     # -- data ----------------------------------------------------------------
 
     async def write(self, msg: p.Write, conn) -> None:
-        for pid, ops in await self._writable(msg):  # all checked before any applies
-            self.store.write(pid, ops)
+        groups = await self._writable(msg)
+        for pid, ops in groups:  # all checked before any applies
+            check_ops(ops, self.store.specs, f"partition {pid}")
+        for pid, ops in groups:
+            try:
+                self.store.write(pid, ops)
+            except (KeyError, TypeError, ValueError) as e:
+                raise _not_bytes(e, f"ops of partition {pid}")
             self.metrics.keys_written.inc(sum(len(op[2]) if op[0] in (4, 5) else 1 for op in ops))
 
+    async def compare_and_set(self, msg: p.CompareAndSet, conn) -> list:
+        groups = await self._writable(msg)
+        for pid, cas in groups:
+            if type(cas) is not list or len(cas) != 4 or type(cas[0]) is not str or type(cas[1]) is not bytes \
+                    or type(cas[2]) not in (bytes, type(None)) or type(cas[3]) is not bytes:
+                raise ProtocolError(f"a compare-and-set of partition {pid} is [state, key, expected or None, new] "
+                                    f"(bytes but the state), not {cas!r:.100}")
+        return [self.store.partition(pid).compare_and_set(*cas) for pid, cas in groups]
+
     async def read(self, msg: p.Read, conn) -> list:
-        groups = [(self._check(pid, msg.epoch), keys) for pid, keys in msg.groups]
+        groups = [(self._check(pid, msg.epoch), keys) for pid, keys in _groups(msg)]
+        for pid, keys in groups:
+            if type(keys) is not list:
+                raise ProtocolError(f"keys of partition {pid} in a 'read' message must be a list of bytes, not {type(keys).__name__}")
         self.metrics.keys_read.inc(sum(len(keys) for _, keys in groups))
-        return [self.store.get_many(pid, msg.state, keys) for pid, keys in groups]
+        try:
+            return [self.store.get_many(pid, msg.state, keys) for pid, keys in groups]
+        except (KeyError, TypeError, ValueError) as e:
+            raise _not_bytes(e, "keys of a 'read' message")
 
     async def scan(self, msg: p.Scan, conn) -> list:
         pid = self._check(msg.partition, msg.epoch)
@@ -243,7 +272,7 @@ class Node:
 
     async def _writable(self, msg) -> list:
         """The request's groups, once none of its partitions is moving and all are ours."""
-        for pid, _ in msg.groups:
+        for pid, _ in _groups(msg):
             while pid in self.frozen:
                 try:
                     await asyncio.wait_for(self.frozen[pid].wait(), FREEZE_WAIT)
@@ -266,7 +295,7 @@ class Node:
         return [staging.rollback(self.store.partition(pid), msg.query, msg.to_batch) for pid, _ in await self._writable(msg)]
 
     async def committed_batch(self, msg: p.CommittedBatch, conn) -> list:
-        return [staging.committed(self.store.partition(self._check(pid, msg.epoch)), msg.query) for pid, _ in msg.groups]
+        return [staging.committed(self.store.partition(self._check(pid, msg.epoch)), msg.query) for pid, _ in _groups(msg)]
 
     async def stats(self, msg: p.NodeStats, conn) -> dict:
         return self.store.stats(list(self.owned))
@@ -355,6 +384,13 @@ class Node:
         self.move_target.apply(pid, delta)
         return len(delta)
 
+    async def release(self, msg: p.Release, conn) -> None:
+        """Stop serving a partition whose new owner is about to be committed; its files stay until the
+        new table arrives (a table that still names this node, after a crashed move, takes it back)."""
+        if self.owned.pop(msg.partition, None) is not None:
+            self.released.add(msg.partition)
+            self._unfreeze(msg.partition)  # writes that waited for the move now learn the new owner
+
     async def thaw(self, msg: p.Thaw, conn) -> None:
         for pid in list(self.frozen):
             self._unfreeze(pid)
@@ -383,6 +419,21 @@ class Node:
 
     async def move_discard(self, msg: p.MoveDiscard, conn) -> None:
         self.move_source.discard(msg.partition)
+
+
+def _groups(msg) -> list:
+    """The request's ``groups``, checked for shape; ``Node._check`` checks each partition."""
+    for group in msg.groups:
+        if type(group) is not list or len(group) != 2 or type(group[0]) is not int:
+            raise ProtocolError(f"groups of a {msg.op!r} message are [[partition, ...], ...], not {group!r:.100}")
+    return msg.groups
+
+
+def _not_bytes(e: Exception, what: str) -> Exception:
+    """rocksdict's error about a key or value that is not bytes, as the ProtocolError it is."""
+    if isinstance(e, RockstateError):  # UnknownStateError is a KeyError too
+        return e
+    return ProtocolError(f"{what}: {e.args[0] if e.args else e}; keys and values are bytes")
 
 
 async def run_node(config: NodeConfig) -> None:

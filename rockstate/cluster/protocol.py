@@ -31,6 +31,15 @@ class Read(Message):
     groups: list
 
 
+class CompareAndSet(Message):
+    """Per group ``[pid, [state, key, expected, new]]``: store ``new`` if the key's value is ``expected``
+    (None: absent), atomically on the owner; answers [applied?, ...]. Not safe to retry once sent."""
+
+    op = "compare_and_set"
+    epoch: int
+    groups: list
+
+
 class Scan(Message):
     """A page of live entries of a partition with a key prefix, after a key: [[key, value], ...]."""
 
@@ -161,6 +170,13 @@ class Freeze(Message):
     op = "freeze"
     partition: int
     frozen: bool = True
+
+
+class Release(Message):
+    """The partition is about to get a new owner: stop serving it now (requests get NOT_OWNER meanwhile)."""
+
+    op = "release"
+    partition: int
 
 
 class Thaw(Message):
@@ -320,3 +336,37 @@ class Status(Message):
     """Nodes, partitions per node, epoch, recent events."""
 
     op = "status"
+
+
+# -- served by a node: bulk ingestion of SST files (see cluster/ingest.py) -----------
+
+
+class IngestChunk(Message):
+    """Bytes of an SST file being uploaded for ``IngestSst``, written at ``offset``; answers the end offset. Safe to retry."""
+
+    op = "ingest_chunk"
+    upload: str
+    offset: int
+    data: bytes
+
+
+class IngestSst(Message):
+    """Ingest upload ``upload`` (``size`` bytes, ``checksum``) into ``state`` of a partition; answers its size.
+
+    The upload is removed whatever the outcome; a retry uploads again.
+    """
+
+    op = "ingest_sst"
+    epoch: int
+    partition: int
+    state: str
+    upload: str
+    size: int
+    checksum: str
+
+
+class IngestAbort(Message):
+    """Drop an upload that will not be ingested."""
+
+    op = "ingest_abort"
+    upload: str

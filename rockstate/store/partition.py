@@ -21,8 +21,8 @@ from typing import Callable, Iterator, Sequence
 
 from rocksdict import BlockBasedOptions, Cache, Checkpoint, Options, Rdict, WriteBatch, WriteBufferManager
 
-from ..errors import PartitionUnavailableError, UnknownStateError
-from .catalog import RESERVED_PREFIX, StateSpec
+from ..errors import PartitionUnavailableError, ProtocolError
+from .catalog import RESERVED_PREFIX, StateSpec, unknown_state
 
 # Write operations, as sent over the wire: [op, state, key, value].
 # PUT_MANY and DELETE_MANY carry lists of keys (and values): one op per batch
@@ -30,8 +30,41 @@ from .catalog import RESERVED_PREFIX, StateSpec
 # (a TTL header included), DELETE_RANGE deletes keys in [key, value).
 PUT, DELETE, APPEND, DELETE_PREFIX, PUT_MANY, DELETE_MANY, RAW_PUT, DELETE_RANGE = 0, 1, 2, 3, 4, 5, 6, 7
 Op = Sequence  # (op, state, key, value)
+_CODES = "0 PUT, 1 DELETE, 2 APPEND, 3 DELETE_PREFIX, 4 PUT_MANY, 5 DELETE_MANY, 6 RAW_PUT, 7 DELETE_RANGE"
+_ONE_KEY = {PUT: True, APPEND: True, RAW_PUT: True, DELETE_RANGE: True, DELETE: False, DELETE_PREFIX: False}  # -> takes a value
 
 _EXPIRY = struct.Struct(">Q")
+
+
+def check_ops(ops: object, specs: dict[str, StateSpec], where: str) -> None:
+    """Check write ops received over the wire before any of them is applied: shape, op codes and states.
+
+    The items of PUT_MANY / DELETE_MANY lists are not looked at here (that would
+    cost on the hot path): one that is not bytes fails its group as it is applied.
+    """
+    if type(ops) is not list:
+        raise ProtocolError(f"ops of {where} must be a list of [code, state, key, value], not {type(ops).__name__}")
+    for i, op in enumerate(ops):
+        if type(op) not in (list, tuple) or len(op) != 4:
+            raise ProtocolError(f"op {i} of {where} is {op!r:.100}; an op is [code, state, key, value]")
+        code, state, key, value = op
+        if type(state) is not str:
+            raise ProtocolError(f"state of op {i} of {where} must be a str, not {type(state).__name__}")
+        if state not in specs and not state.startswith(RESERVED_PREFIX):
+            raise unknown_state(state)
+        if code in (PUT_MANY, DELETE_MANY):
+            if type(key) is not list:
+                raise ProtocolError(f"key of op {i} of {where} (PUT_MANY/DELETE_MANY) must be a list of bytes, not {type(key).__name__}")
+            if code == PUT_MANY and (type(value) is not list or len(value) != len(key)):
+                got = f"{len(value)} values" if type(value) is list else f"a {type(value).__name__}"
+                raise ProtocolError(f"op {i} of {where} (PUT_MANY) has {len(key)} keys and {got}; it needs a list of values as long")
+        elif type(code) is int and code in _ONE_KEY:
+            if type(key) is not bytes:
+                raise ProtocolError(f"key of op {i} of {where} must be bytes, not {type(key).__name__}")
+            if _ONE_KEY[code] and type(value) is not bytes:
+                raise ProtocolError(f"value of op {i} of {where} must be bytes, not {type(value).__name__}")
+        else:
+            raise ProtocolError(f"unknown op code {code!r} in op {i} of {where}; codes are {_CODES}")
 
 
 def now_ms() -> int:
@@ -101,7 +134,7 @@ class Partition:
             if state in self._specs or state.startswith(RESERVED_PREFIX):
                 self.ensure_state(state)
                 return self._families[state]
-            raise UnknownStateError(f"unknown state {state!r}") from None
+            raise unknown_state(state) from None
 
     def _open(self) -> Rdict:
         if self.db is None:
@@ -120,6 +153,17 @@ class Partition:
             self._open().write(self._batch(ops))
             if self._recording is not None:
                 self._recording.extend(ops)
+
+    def compare_and_set(self, state: str, key: bytes, expected: bytes | None, new: bytes) -> bool:
+        """Store ``new`` at ``key`` if its live value is ``expected`` (None: absent); returns whether it did.
+
+        Atomic under the lock; an applied one is a PUT through ``write``, so a move records it.
+        """
+        with self.lock:
+            if self.get_many(state, [key])[0] != expected:
+                return False
+            self.write([(PUT, state, key, new)])
+            return True
 
     # -- copies: checkpoints and moves -------------------------------------
 

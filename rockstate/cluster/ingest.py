@@ -1,0 +1,210 @@
+"""Bulk ingestion: sorted SST files built by a client, ingested whole into a state of a partition.
+
+The client (a Spark task of ``rockstate.spark.bulk_load``) writes an SST file
+with ``write_sst`` (rocksdict's ``SstFileWriter`` in raw mode: keys are the
+stored RocksDB keys, strictly ascending; values the stored values, a TTL
+header included) and hands it to ``ClusterBackend.ingest_sst``, which calls
+``upload_and_ingest`` on the partition's owner:
+
+1. ``IngestChunk`` messages carry the file's bytes, ``CHUNK`` at a time, into
+   ``<store>/ingest/<upload>.sst`` on the node (an upload is a fresh random id;
+   a chunk is written at its offset, so a resent chunk is harmless);
+2. ``IngestSst(epoch, partition, state, upload, size, checksum)``: the node
+   checks ownership as for a write (a frozen partition makes it wait, NOT_OWNER
+   when the partition is not its own at that epoch), checks the file's size and
+   CRC-32, and, holding the partition's write lock, ingests it into the state's
+   column family (``ingest_external_file``, the file is moved, not copied).
+   The upload is removed afterwards, whether the ingest succeeded or not.
+
+Ingested entries overwrite the state's entries with the same keys, like a
+``put_many``, and become visible at once, atomically per file. The whole of
+1-2 may be retried (the client does, on NOT_OWNER, a moving partition or a
+lost connection, with a new upload): ingesting the same file twice leaves the
+same state. A partition that is being copied to another node (a move records
+the writes it must hand over, and an ingest is not a recordable write) refuses
+with a retryable ``PartitionUnavailableError`` until the move is over, so the
+client then ingests at the new owner. The lock orders an ingest against a
+checkpoint's barrier like any write: a checkpoint holds the file whole or not
+at all. Ingests bypass staged micro-batches (exactly-once): they are not part
+of any batch and are not undone by a rollback.
+
+Uploads left behind by a client that died between 1 and 2 are removed by the
+node after ``STALE_UPLOAD`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import time
+import types
+import uuid
+from typing import TYPE_CHECKING, Iterable
+
+from rocksdict import IngestExternalFileOptions, Options, SstFileWriter
+
+from ..checkpoint.manifest import checksum_file
+from ..errors import ClusterError, NotOwnerError, PartitionUnavailableError, RockstateError, UnknownStateError
+from . import protocol as p
+
+if TYPE_CHECKING:
+    from ..rpc.client import Channel
+    from .node import Node
+
+CHUNK = 8 << 20
+STALE_UPLOAD = 3600.0
+_UPLOAD = re.compile(r"^[0-9a-f]{32}$")
+
+
+class IngestUploadError(ClusterError):
+    """An uploaded SST file is missing or does not match its size and checksum; upload it again."""
+
+    code = "INGEST_UPLOAD"
+    retryable = True
+
+
+# -- the client's side ---------------------------------------------------------------
+
+
+def write_sst(path: str, keys: Iterable[bytes], values: Iterable[bytes]) -> int:
+    """Write stored ``keys`` (strictly ascending, bytewise) and ``values`` to a new SST file; returns its size.
+
+    An empty file cannot be written: give at least one key.
+    """
+    writer = SstFileWriter(options=Options(raw_mode=True))
+    writer.open(path)
+    put = writer.__setitem__
+    for _ in map(put, keys, values):  # a C-level loop: about 0.2 us a key
+        pass
+    writer.finish()
+    return os.path.getsize(path)
+
+
+def upload_and_ingest(channel: "Channel", epoch: int, pid: int, state: str, path: str, size: int, checksum: str,
+                      timeout: float | None = None) -> int:
+    """Upload the SST file at ``path`` to the node behind ``channel`` and ingest it; returns its size.
+
+    Raises the node's error (NOT_OWNER, a moving partition...) for the caller
+    to refresh and retry; the node drops the upload on any outcome of the
+    ingest, and this drops it when the upload itself fails.
+    """
+    upload = uuid.uuid4().hex
+    try:
+        with open(path, "rb", buffering=0) as f:
+            offset = 0
+            while offset < size:
+                data = f.read(CHUNK)
+                if not data:
+                    raise IngestUploadError(f"{path} ended at {offset} of {size} bytes")
+                channel.call(p.IngestChunk(upload=upload, offset=offset, data=data), timeout)
+                offset += len(data)
+    except BaseException:
+        try:
+            channel.call(p.IngestAbort(upload=upload), timeout)
+        except RockstateError:
+            pass  # the node removes stale uploads itself
+        raise
+    return channel.call(p.IngestSst(epoch=epoch, partition=pid, state=state, upload=upload, size=size, checksum=checksum), timeout)
+
+
+# -- the node's side ---------------------------------------------------------------
+
+
+class SstIngestor:
+    """A node's handlers for ``IngestChunk``, ``IngestSst`` and ``IngestAbort``."""
+
+    def __init__(self, node: "Node") -> None:
+        self.node = node
+        self._last_sweep = 0.0
+        self.handlers = {p.IngestChunk: self.chunk, p.IngestSst: self.ingest, p.IngestAbort: self.abort}
+
+    @property
+    def root(self) -> str:
+        return os.path.join(self.node.store.path, "ingest")
+
+    def _path(self, upload: str) -> str:
+        if not _UPLOAD.match(upload):
+            raise ClusterError(f"bad upload id {upload!r}: 32 lowercase hex digits expected")
+        return os.path.join(self.root, f"{upload}.sst")
+
+    async def chunk(self, msg: p.IngestChunk, conn) -> int:
+        path = self._path(msg.upload)
+        if msg.offset < 0:
+            raise ClusterError(f"bad offset {msg.offset} for upload {msg.upload}")
+        return await asyncio.to_thread(self._write_chunk, path, msg.offset, msg.data)
+
+    def _write_chunk(self, path: str, offset: int, data: bytes) -> int:
+        if offset == 0:
+            self._sweep()
+        os.makedirs(self.root, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.pwrite(fd, data, offset)
+        finally:
+            os.close(fd)
+        return offset + len(data)
+
+    async def abort(self, msg: p.IngestAbort, conn) -> None:
+        _remove(self._path(msg.upload))
+
+    async def ingest(self, msg: p.IngestSst, conn) -> int:
+        path = self._path(msg.upload)
+        try:
+            # the same checks as a write: waits while the partition is frozen, NOT_OWNER if not ours at that epoch
+            [(pid, _)] = await self.node._writable(types.SimpleNamespace(epoch=msg.epoch, groups=[[msg.partition, None]]))
+            return await asyncio.to_thread(self._ingest, pid, msg, path)
+        finally:
+            _remove(path)
+
+    def _ingest(self, pid: int, msg: p.IngestSst, path: str) -> int:
+        """Check the upload, then ingest it under the partition's write lock (blocking)."""
+        try:
+            size, checksum = checksum_file(path)
+        except FileNotFoundError:
+            raise IngestUploadError(f"upload {msg.upload} is not on node {self.node.node_id}") from None
+        if (size, checksum) != (msg.size, msg.checksum):
+            raise IngestUploadError(f"upload {msg.upload} has {size} bytes ({checksum}); the client sent {msg.size} ({msg.checksum})")
+        store = self.node.store
+        if msg.state not in store.specs:
+            raise UnknownStateError(f"unknown state {msg.state!r}")
+        part = store.partition(pid)
+        part.ensure_state(msg.state)
+        options = IngestExternalFileOptions()
+        options.set_move_files(True)
+        with part.lock:
+            since = self.node.owned.get(pid)
+            if since is None or msg.epoch < since:  # the partition moved away while the file was checked
+                raise NotOwnerError(f"node {self.node.node_id} does not own partition {pid} any more", partition=pid,
+                                    epoch=self.node.table.epoch)
+            if getattr(part, "_recording", None) is not None:
+                raise PartitionUnavailableError(f"partition {pid} is being copied to another node; retry", partition=pid)
+            if part.db is None:
+                raise PartitionUnavailableError(f"partition {pid} is closed (moving or being restored); retry", partition=pid)
+            part.db.get_column_family(msg.state).ingest_external_file([path], options)
+        return size
+
+    def _sweep(self) -> None:
+        """Remove uploads older than ``STALE_UPLOAD`` (their client died before ingesting them)."""
+        now = time.time()
+        if now - self._last_sweep < 60:
+            return
+        self._last_sweep = now
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return
+        for name in names:
+            path = os.path.join(self.root, name)
+            try:
+                if now - os.path.getmtime(path) > STALE_UPLOAD:
+                    os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,1 @@
+"""Tools for testing rockstate and the pipelines that use it."""
