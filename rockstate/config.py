@@ -37,10 +37,7 @@ M = TypeVar("M", bound=Settings)
 
 
 def load(model: type[M], path: str | None = None, **overrides: Any) -> M:
-    values: dict[str, Any] = {}
-    if path:
-        with open(path) as f:
-            values.update(yaml.safe_load(f) or {})
+    values: dict[str, Any] = _read_yaml(path) if path else {}
     for name in model.model_fields:
         env = os.environ.get(f"ROCKSTATE_{name.upper()}")
         if env is not None:
@@ -49,13 +46,35 @@ def load(model: type[M], path: str | None = None, **overrides: Any) -> M:
     return validate(model, values)
 
 
+def _read_yaml(path: str) -> dict[str, Any]:
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"config file {path} is not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must be a mapping of setting: value, not a {type(data).__name__}")
+    return data
+
+
+def _problem(model: type[Settings], error: dict) -> str:
+    where = ".".join(map(str, error["loc"])) or "config"
+    if error["type"] == "extra_forbidden":
+        return f"{where}: unknown setting (settings are {', '.join(model.model_fields)})"
+    return f"{where}: {error['msg']} (got {error.get('input')!r})"
+
+
 def validate(model: type[M], values: dict[str, Any]) -> M:
     try:
-        return model(**values)
+        return model.model_validate(values)  # not model(**values): a YAML key may be no str
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']} (got {e.get('input')!r})" for e in exc.errors()
-        )
+        problems = "; ".join(_problem(model, e) for e in exc.errors())
         raise ConfigError(f"invalid {model.__name__}: {problems}") from None
 
 

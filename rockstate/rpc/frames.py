@@ -40,7 +40,8 @@ def decode(body: bytes) -> Any:
         # strict_map_key=False: results may be keyed by ints (partition ids).
         return msgpack.unpackb(body, raw=False, strict_map_key=False)
     except Exception as e:  # msgpack raises a handful of unrelated types
-        raise ProtocolError(f"undecodable frame of {len(body)} bytes: {type(e).__name__}: {e}") from e
+        raise ProtocolError(f"undecodable frame of {len(body)} bytes (a frame body is one msgpack value):"
+                            f" {type(e).__name__}: {e}") from e
 
 
 def _body_size(header: bytes, max_frame: int) -> int:

@@ -5,20 +5,26 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
-from ..errors import InvalidNameError, StateKindError
+from ..errors import InvalidInputError, InvalidNameError, StateKindError, UnknownStateError
 
 KINDS = ("value", "map", "list")
 RESERVED_PREFIX = "_"  # internal column families (staging, pipelines) start with it
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 
 
-def check_name(name: object, what: str = "state") -> str:
-    if not isinstance(name, str) or not _NAME.match(name) or ".." in name:
+def check_name(name: object, what: str = "state", internal: bool = False) -> str:
+    """``internal``: a name may also be the system's own, '_' followed by a valid name."""
+    body = name[len(RESERVED_PREFIX):] if internal and isinstance(name, str) and name.startswith(RESERVED_PREFIX) else name
+    if not isinstance(body, str) or not _NAME.match(body) or ".." in body:
         raise InvalidNameError(
             f"invalid {what} name {name!r}: use 1-128 letters, digits, '_', '-' or '.', "
             "starting with a letter or digit, with no '..' and no path separators"
         )
     return name
+
+
+def unknown_state(name: object) -> UnknownStateError:
+    return UnknownStateError(f"unknown state {name!r}: create it first with value_state(), map_state() or list_state()")
 
 
 @dataclass(frozen=True)
@@ -28,8 +34,7 @@ class StateSpec:
     ttl: float | None = None  # seconds; None: entries never expire
 
     def __post_init__(self) -> None:
-        if not self.name.startswith(RESERVED_PREFIX):
-            check_name(self.name)
+        check_name(self.name, internal=True)
         if self.kind not in KINDS:
             raise StateKindError(f"unknown state kind {self.kind!r}; kinds are {', '.join(KINDS)}")
         if self.ttl is not None and not (isinstance(self.ttl, (int, float)) and self.ttl > 0):
@@ -40,6 +45,9 @@ class StateSpec:
 
     @classmethod
     def from_dict(cls, data: dict) -> "StateSpec":
+        if not isinstance(data, dict) or "name" not in data or "kind" not in data:
+            raise InvalidInputError(
+                f"a state spec is {{'name': str, 'kind': {' | '.join(KINDS)}, 'ttl': seconds or None}}, not {data!r:.200}")
         return cls(data["name"], data["kind"], data.get("ttl"))
 
     def check_same(self, other: "StateSpec") -> None:
