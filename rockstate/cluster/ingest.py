@@ -152,7 +152,7 @@ class SstIngestor:
         path = self._path(msg.upload)
         try:
             # the same checks as a write: waits while the partition is frozen, NOT_OWNER if not ours at that epoch
-            [(pid, _)] = await self.node._writable(types.SimpleNamespace(epoch=msg.epoch, groups=[[msg.partition, None]]))
+            [(pid, _)] = await self.node._writable(types.SimpleNamespace(op=msg.op, epoch=msg.epoch, groups=[[msg.partition, None]]))
             return await asyncio.to_thread(self._ingest, pid, msg, path)
         finally:
             _remove(path)
