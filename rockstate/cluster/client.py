@@ -153,6 +153,12 @@ class ClusterBackend:
         retried, since a second attempt could not tell whether the first
         applied: it raises ``ClusterTimeoutError`` with ``data["maybe_applied"]``.
         """
+        return self._on_owner(pid, lambda channel, epoch: self._call_once(
+            channel, p.CompareAndSet(epoch=epoch, groups=[[pid, [state, key, expected, new]]]))[0])
+
+    def _on_owner(self, pid: int, call: Callable[[Channel, int], Any]) -> Any:
+        """``call(channel to pid's owner, table epoch)``, retried on NOT_OWNER, a moving partition or a
+        lost connection (refreshing the table) until ``retry_timeout``."""
         deadline = time.monotonic() + self.retry_timeout
         for attempt in itertools.count():
             table = self.table
@@ -160,8 +166,7 @@ class ClusterBackend:
             try:
                 if address is None:
                     raise PartitionUnavailableError(f"partition {pid} has no live owner", partition=pid)
-                msg = p.CompareAndSet(epoch=table.epoch, groups=[[pid, [state, key, expected, new]]])
-                return self._call_once(self._channel(address), msg)[0]
+                return call(self._channel(address), table.epoch)
             except RockstateError as e:
                 if not e.retryable or e.data.get("maybe_applied"):
                     raise
@@ -183,20 +188,8 @@ class ClusterBackend:
                                           maybe_applied=True, partitions=[pid for pid, _ in msg.groups]) from e
 
     def scan(self, state: str, pid: int, prefix: bytes, after: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
-        deadline = time.monotonic() + self.retry_timeout
-        for attempt in itertools.count():
-            table = self.table
-            address = table.owner_address(pid)
-            try:
-                if address is None:
-                    raise PartitionUnavailableError(f"partition {pid} has no live owner", partition=pid)
-                msg = p.Scan(epoch=table.epoch, partition=pid, state=state, prefix=prefix, after=after, limit=limit)
-                return [tuple(entry) for entry in self._channel(address).call(msg)]
-            except RockstateError as e:
-                if not e.retryable:
-                    raise
-                self._back_off(deadline, attempt, e, [pid])
-        raise AssertionError("unreachable")
+        return self._on_owner(pid, lambda channel, epoch: [tuple(entry) for entry in channel.call(
+            p.Scan(epoch=epoch, partition=pid, state=state, prefix=prefix, after=after, limit=limit))])
 
     # -- bulk ingestion (see cluster/ingest.py) ------------------------------------
 
@@ -208,19 +201,7 @@ class ClusterBackend:
         retried (ingesting a file twice is harmless) until ``retry_timeout``.
         """
         size, checksum = checksum_file(path)
-        deadline = time.monotonic() + self.retry_timeout
-        for attempt in itertools.count():
-            table = self.table
-            address = table.owner_address(pid)
-            try:
-                if address is None:
-                    raise PartitionUnavailableError(f"partition {pid} has no live owner", partition=pid)
-                return upload_and_ingest(self._channel(address), table.epoch, pid, state, path, size, checksum)
-            except RockstateError as e:
-                if not e.retryable:
-                    raise
-                self._back_off(deadline, attempt, e, [pid])
-        raise AssertionError("unreachable")
+        return self._on_owner(pid, lambda channel, epoch: upload_and_ingest(channel, epoch, pid, state, path, size, checksum))
 
     # -- staged micro-batch transactions (see store/staging.py) ------------------
 
