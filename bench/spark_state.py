@@ -1,0 +1,233 @@
+"""Keyed running count in Spark Structured Streaming: rockstate vs Spark's own state, on local[2].
+
+The same events (BENCH_SPARK_EVENTS, default 1,000,000, over
+BENCH_SPARK_KEYS = 100,000 bigint keys) are written once as Parquet files of
+(key, ts) and read by every engine as a file stream, BENCH_SPARK_BATCHES
+(default 5) micro-batches with ``trigger(availableNow=True)``; each query's
+output goes to the ``noop`` sink, which consumes every row. Engines:
+
+- rockstate, vectorized: ``transform_with_state`` with ``handle_batch``
+  (a pandas groupby, one ``get_many`` and one ``put_many`` per batch);
+- rockstate, per key: ``handle_input_rows``, first exactly the code of the
+  transformWithStateInPandas processor (a one-row DataFrame per key), then
+  yielding the row as a tuple;
+- Spark ``transformWithStateInPandas`` with the RocksDB state store provider;
+- Spark SQL ``groupBy(key).count()`` in update mode, with the default
+  (in-memory, HDFS-backed) state store and with RocksDB.
+
+Every engine reads only the key column: Spark SQL prunes ``ts`` by itself,
+the Python engines get ``select("key")`` (Spark cannot prune for a Python
+function, which takes whole rows). Both rockstate engines keep their state in
+a ``LocalCluster`` of 2 nodes (separate processes on the same 2 cores); every
+engine uses 2 shuffle partitions.
+
+The JVM's JIT warms up over the first streams, so each engine first runs once
+untimed: the whole stream, or a small one for the slow engines. Then the
+engines take turns for BENCH_SPARK_REPEAT rounds (default 3), each run from
+empty state; the slow engines (one Python call and one DataFrame per key)
+are timed once. The table shows medians. rockstate's final state is checked
+against a bincount of the events after every timed run. Ratios are speed-ups:
+the baseline's time divided by the engine's (> 1: faster than the baseline).
+Goals: rockstate vectorized >= 10x transformWithStateInPandas and >= 1.0x
+native (in-memory state, the faster of the two).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+
+from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+from pyspark.sql.streaming import StatefulProcessor as SparkProcessor  # noqa: E402
+from pyspark.sql.types import LongType, StructField, StructType  # noqa: E402
+
+import rockstate  # noqa: E402
+from common import print_table  # noqa: E402
+from rockstate.spark import StatefulProcessor, close_clients, transform_with_state  # noqa: E402
+
+EVENTS = int(os.environ.get("BENCH_SPARK_EVENTS", 1_000_000))
+KEYS = int(os.environ.get("BENCH_SPARK_KEYS", 100_000))
+BATCHES = int(os.environ.get("BENCH_SPARK_BATCHES", 5))
+REPEAT = int(os.environ.get("BENCH_SPARK_REPEAT", 3))
+FILES_PER_BATCH = 2
+PARTITIONS = 16
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+OUTPUT = "key long, count long"
+TWS = "Spark transformWithStateInPandas, RocksDB"
+NATIVE = "Spark SQL groupBy().count(), in-memory state"
+NATIVE_ROCKSDB = "Spark SQL groupBy().count(), RocksDB state"
+
+
+class RockstateCount(StatefulProcessor):
+    def __init__(self, state: str) -> None:
+        self.state = state
+
+
+class VectorCount(RockstateCount):
+    def init(self, handle):
+        self.counts = handle.value_state(self.state)
+
+    def handle_batch(self, batch: pd.DataFrame) -> pd.DataFrame:
+        sizes = batch.groupby("key", sort=False).size()
+        counts = np.asarray(self.counts.get_many(sizes.index, default=0)) + sizes.to_numpy()
+        self.counts.put_many(sizes.index, counts)
+        return pd.DataFrame({"key": sizes.index, "count": counts})
+
+
+class KeyCount(RockstateCount):
+    """SparkKeyCount in rockstate's API: the code a port from transformWithStateInPandas starts with."""
+
+    def init(self, handle):
+        self.count = handle.value_state(self.state)
+
+    def handle_input_rows(self, key, rows: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        count = self.count.get(0) + sum(len(r) for r in rows)
+        self.count.update(count)
+        yield pd.DataFrame({"key": [key[0]], "count": [count]})
+
+
+class KeyCountRows(KeyCount):
+    """The same, yielding its output row as a tuple instead of a one-row DataFrame."""
+
+    def handle_input_rows(self, key, rows: Iterator[pd.DataFrame]) -> Iterator[tuple]:
+        count = self.count.get(0) + sum(len(r) for r in rows)
+        self.count.update(count)
+        yield (key[0], count)
+
+
+class SparkKeyCount(SparkProcessor):
+    def init(self, handle):
+        self.count = handle.getValueState("count", StructType([StructField("count", LongType())]))
+
+    def handleInputRows(self, key, rows, timerValues):
+        count = (self.count.get()[0] if self.count.exists() else 0) + sum(len(r) for r in rows)
+        self.count.update((count,))
+        yield pd.DataFrame({"key": [key[0]], "count": [count]})
+
+    def close(self):
+        pass
+
+
+def write_events(directory: str, events: int, keys: int, seed: int) -> np.ndarray:
+    """Parquet files of (key, ts), FILES_PER_BATCH per micro-batch; returns the count per key."""
+    rng = np.random.default_rng(seed)
+    key = rng.integers(0, keys, events, dtype=np.int64)
+    os.makedirs(directory)
+    files = BATCHES * FILES_PER_BATCH
+    for i, part in enumerate(np.array_split(key, files)):
+        pq.write_table(pa.table({"key": part, "ts": np.arange(len(part), dtype=np.int64)}), os.path.join(directory, f"part-{i:03d}.parquet"))
+    return np.bincount(key, minlength=keys)
+
+
+class Bench:
+    def __init__(self, spark: SparkSession, cluster: rockstate.LocalCluster, root: str) -> None:
+        self.spark, self.cluster, self.root = spark, cluster, root
+        self.runs = 0
+
+    def stream(self, source: str, provider: str, query: Callable, mode: str) -> float:
+        """Run one availableNow stream over ``source`` into the noop sink; returns its wall time."""
+        self.runs += 1
+        self.spark.conf.set("spark.sql.streaming.stateStore.providerClass", provider)
+        df = self.spark.readStream.schema("key long, ts long").option("maxFilesPerTrigger", FILES_PER_BATCH).parquet(source)
+        start = time.perf_counter()
+        q = (query(df).writeStream.format("noop").outputMode(mode)
+             .option("checkpointLocation", os.path.join(self.root, f"chk-{self.runs}")).trigger(availableNow=True).start())
+        q.awaitTermination()
+        elapsed = time.perf_counter() - start
+        if q.exception() is not None:
+            raise RuntimeError(f"query failed: {q.exception()}")
+        return elapsed
+
+    def rockstate(self, cls: type) -> Callable[[str], float]:
+        def run(source: str) -> float:
+            processor = cls(f"{cls.__name__.lower()}-{self.runs}")
+            elapsed = self.stream(source, HDFS, lambda df: transform_with_state(df.select("key"), "key", processor, OUTPUT, self.cluster.address), "append")
+            self.last_state = processor.state
+            return elapsed
+
+        return run
+
+    def tws(self, source: str) -> float:
+        return self.stream(source, ROCKSDB, lambda df: df.select("key").groupBy("key").transformWithStateInPandas(
+            SparkKeyCount(), OUTPUT, "Update", "None"), "update")
+
+    def native(self, provider: str) -> Callable[[str], float]:
+        return lambda source: self.stream(source, provider, lambda df: df.groupBy("key").count(), "update")
+
+
+def main() -> None:
+    root = tempfile.mkdtemp(prefix="rockstate-bench-spark-")
+    spark = (
+        SparkSession.builder.master("local[2]").appName("rockstate-bench-spark")
+        .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2").config("spark.driver.memory", "4g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    events, warmup = os.path.join(root, "events"), os.path.join(root, "warmup")
+    try:
+        with rockstate.LocalCluster(nodes=2, partitions=PARTITIONS, root=os.path.join(root, "cluster")) as cluster:
+            expected = write_events(events, EVENTS, KEYS, seed=1).tolist()
+            write_events(warmup, min(EVENTS, 20_000), min(KEYS, 1_000), seed=2)
+            bench = Bench(spark, cluster, root)
+            # name: (run, warm-up source, timed runs); the slow engines warm up on a small stream and run once
+            engines = {
+                "rockstate, vectorized (handle_batch)": (bench.rockstate(VectorCount), events, REPEAT),
+                "rockstate, per key, yielding DataFrames": (bench.rockstate(KeyCount), warmup, 1),
+                "rockstate, per key, yielding tuples": (bench.rockstate(KeyCountRows), warmup, REPEAT),
+                TWS: (bench.tws, warmup, 1),
+                NATIVE: (bench.native(HDFS), events, REPEAT),
+                NATIVE_ROCKSDB: (bench.native(ROCKSDB), events, REPEAT),
+            }
+            samples: dict[str, list[float]] = {name: [] for name in engines}
+            with cluster.connect() as rs:
+
+                def timed(name: str, source: str) -> float:
+                    elapsed = engines[name][0](source)
+                    if name.startswith("rockstate") and source == events:
+                        got = rs.value_state(bench.last_state).get_many(range(KEYS), default=0)
+                        assert got == expected, f"{name}: wrong counts"
+                    return elapsed
+
+                for name, (_, source, _) in engines.items():
+                    timed(name, source)
+                for done in range(1, REPEAT + 1):  # engines take turns, so drift on the machine hits all alike
+                    for name, (_, _, runs) in engines.items():
+                        if len(samples[name]) < runs:
+                            samples[name].append(timed(name, events))
+                            print(f"round {done}: {name} {samples[name][-1]:.2f}s", flush=True)
+            close_clients()
+    finally:
+        spark.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+    times = {name: float(np.median(s)) for name, s in samples.items()}
+    rows = [[name, len(samples[name]), t, EVENTS / t / 1e3, times[TWS] / t, times[NATIVE] / t, times[NATIVE_ROCKSDB] / t]
+            for name, t in times.items()]
+    print_table(
+        f"spark state: running count, {EVENTS:,} events over {KEYS:,} keys, {BATCHES} micro-batches, local[2] "
+        "(goals for rockstate vectorized: >= 10x TWS-in-pandas, >= 1.0x native in-memory)",
+        ["engine", "runs", "median s", "k events/s", "x TWS-in-pandas", "x native (mem)", "x native (RocksDB)"],
+        rows,
+    )
+
+
+if __name__ == "__main__":
+    main()
