@@ -195,13 +195,16 @@ class Node:
         async with self._table_lock:
             if self.table is not None and table.epoch <= self.table.epoch:
                 return
-            mine = {pid: table.since[pid] for pid in table.owned_by(self.node_id)}
-            for pid in (set(self.owned) | self.released) - set(mine):
+            # a released partition is not served again, even by a table that still names this node
+            # (another move's commit, sent before this one's): only a restarted coordinator gives it back
+            mine = {pid: table.since[pid] for pid in table.owned_by(self.node_id) if pid not in self.released}
+            gone = (set(self.owned) | self.released) - set(table.owned_by(self.node_id))
+            for pid in gone:
                 self.owned.pop(pid, None)
                 self._unfreeze(pid)  # writes that waited for the move now learn the new owner
                 # closing and deleting can take long (the disk frees the space): not while writes wait
                 self._retiring[pid] = asyncio.ensure_future(asyncio.to_thread(self._retire, pid))
-            self.released.clear()
+            self.released -= gone
             for pid in set(mine) - set(self.owned):
                 await self._settled(pid)
                 self.store.open_partition(pid)
@@ -392,10 +395,13 @@ class Node:
             self._unfreeze(msg.partition)  # writes that waited for the move now learn the new owner
 
     async def thaw(self, msg: p.Thaw, conn) -> None:
+        """From a restarted coordinator: moves in flight are over; partitions released for a move that
+        never committed are served again once the next table (which the coordinator sends) names them."""
         for pid in list(self.frozen):
             self._unfreeze(pid)
         for pid in self.owned:
             self.move_source.discard(pid)
+        self.released.clear()
 
     async def pull_discard(self, msg: p.PullDiscard, conn) -> None:
         if msg.partition not in self.owned:
