@@ -21,7 +21,7 @@ from ..config import CheckpointConfig, NodeConfig, StoreConfig
 from ..errors import CheckpointsNotConfiguredError, ClusterError, NotOwnerError, PartitionUnavailableError, ProtocolError, RockstateError, UnknownNodeError
 from ..rpc.client import AsyncChannel
 from ..rpc.server import Server
-from ..store import StateSpec, Store, staging
+from ..store import DELETE_MANY, PUT_MANY, StateSpec, Store, staging
 from ..store.partition import check_ops
 from ..store.store import read_json, write_json
 from . import protocol as p
@@ -247,7 +247,7 @@ class Node:
                 self.store.write(pid, ops)
             except (KeyError, TypeError, ValueError) as e:
                 raise _not_bytes(e, f"ops of partition {pid}")
-            self.metrics.keys_written.inc(sum(len(op[2]) if op[0] in (4, 5) else 1 for op in ops))
+            self.metrics.keys_written.inc(sum(len(op[2]) if op[0] in (PUT_MANY, DELETE_MANY) else 1 for op in ops))
 
     async def compare_and_set(self, msg: p.CompareAndSet, conn) -> list:
         groups = await self._writable(msg)

@@ -34,7 +34,7 @@ from ..errors import InvalidInputError
 from ..serde import decode_key, decode_stream, decode_value, encode_key, encode_values
 from ..states import Backend, prepare_keys
 from ..store.catalog import StateSpec, check_name
-from .batch import Batch, KeyedView, MapView
+from .batch import Batch, KeyedView
 
 
 def _as_list(values: Any) -> list:
