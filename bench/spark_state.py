@@ -52,7 +52,6 @@ os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
 
 from pyspark.sql import SparkSession  # noqa: E402
-from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql.streaming import StatefulProcessor as SparkProcessor  # noqa: E402
 from pyspark.sql.types import LongType, StructField, StructType  # noqa: E402
 
