@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid
 
@@ -20,17 +19,11 @@ import pytest
 
 import rockstate
 from rockstate.checkpoint.storage import CheckpointStorage
+from rockstate.cluster.local import wait_until
 
 
 def wait_for(condition, timeout=10.0, interval=0.02, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not met within {timeout} s")
-        time.sleep(interval)
+    return wait_until(condition, timeout, what, interval)
 
 
 def _free_port() -> int:
