@@ -93,7 +93,8 @@ class CheckpointStorage:
 
     def __init__(self, url: str, storage_options: dict | None = None, cluster: str = "default", workers: int | None = None) -> None:
         options = dict(storage_options or {})
-        protocol = url.split("://", 1)[0] if "://" in url else "file"
+        inner = url.rsplit("::", 1)[-1]  # a chained URL (simplecache::s3://...) stores at its innermost protocol
+        protocol = inner.split("://", 1)[0] if "://" in inner else "file"
         if protocol in ("s3", "s3a"):
             endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
             if endpoint and "endpoint_url" not in options and "endpoint_url" not in options.get("client_kwargs", {}):

@@ -20,7 +20,8 @@ from ..checkpoint.restore import SkippedCheckpoint, candidates, load_metadata
 from ..checkpoint.savepoint import create_savepoint, list_savepoints, read_savepoint
 from ..checkpoint.storage import CheckpointStorage
 from ..config import CheckpointConfig
-from ..errors import CheckpointAbortedError, CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, RockstateError
+from ..errors import (CheckpointAbortedError, CheckpointError, CheckpointNotFoundError, CheckpointStorageError,
+                      CorruptCheckpointError, RockstateError)
 from ..store import StateSpec
 from . import protocol as p
 
@@ -36,8 +37,19 @@ class ClusterCheckpoints:
         self.config = config
         self.storage = CheckpointStorage(config.url, config.storage_options, config.cluster, config.transfer_threads)
         policy = CheckpointPolicy(config.retained, config.interval, config.timeout, config.min_pause, config.tolerable_failures)
-        self.machine = load_coordinator(self.storage, coordinator.table.partitions, policy)
+        self.machine = self._load(policy)
         self.last_restore: dict | None = None
+
+    def _load(self, policy: CheckpointPolicy):
+        """What the storage holds; a failing storage is retried for a while (a crash loop helps nobody)."""
+        for delay in (0.2, 0.5, 1, 2, 4, 8, None):
+            try:
+                return load_coordinator(self.storage, self.coordinator.table.partitions, policy)
+            except CheckpointStorageError as exc:
+                if delay is None:
+                    raise
+                log.warning("reading the checkpoints in %s failed (%s); retrying in %ss", self.storage.url, exc, delay)
+                time.sleep(delay)
 
     def latest(self) -> int | None:
         return self.machine.latest_completed

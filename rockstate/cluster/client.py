@@ -25,7 +25,7 @@ from ..checkpoint.coordinator import CheckpointRecord
 from ..checkpoint.manifest import checksum_file
 from ..checkpoint.restore import PartitionRestore, RestoreResult, SkippedCheckpoint
 from ..checkpoint.savepoint import SavepointInfo
-from ..errors import ClusterTimeoutError, NotOwnerError, PartitionUnavailableError, RockstateError, StoreClosedError
+from ..errors import ClusterTimeoutError, ConnectionLostError, NotOwnerError, PartitionUnavailableError, RockstateError, StoreClosedError
 from ..rpc.client import Channel, call_many
 from ..store import StateSpec
 from . import protocol as p
@@ -54,8 +54,23 @@ class ClusterBackend:
 
     # -- table and channels --------------------------------------------------
 
+    def _ask(self, msg, timeout: float | None = None) -> Any:
+        """A call to the coordinator, retried while it cannot be reached (restarting) until ``retry_timeout``.
+
+        Only for requests that may be repeated: reads, idempotent updates, and
+        a checkpoint trigger (a second checkpoint is harmless).
+        """
+        deadline = time.monotonic() + self.retry_timeout
+        for attempt in itertools.count():
+            try:
+                return self._coordinator.call(msg, timeout)
+            except ConnectionLostError as e:
+                if time.monotonic() > deadline:
+                    raise ClusterTimeoutError(f"gave up after {self.retry_timeout:g}s reaching the coordinator: {e}") from e
+                time.sleep(BACKOFF[min(attempt, len(BACKOFF) - 1)])
+
     def _fetch_table(self) -> Table:
-        reply = self._coordinator.call(p.GetTable())
+        reply = self._ask(p.GetTable())
         self.max_key_bytes = reply["limits"]["max_key_bytes"]
         self.max_value_bytes = reply["limits"]["max_value_bytes"]
         return Table.from_wire(reply)
@@ -136,7 +151,7 @@ class ClusterBackend:
     # -- the Backend protocol --------------------------------------------------
 
     def define_state(self, spec: StateSpec) -> StateSpec:
-        return StateSpec.from_dict(self._coordinator.call(p.DefineState(spec=spec.to_dict())))
+        return StateSpec.from_dict(self._ask(p.DefineState(spec=spec.to_dict())))
 
     def write(self, ops_by_pid: dict[int, list]) -> None:
         self._routed(ops_by_pid, lambda epoch, groups: p.Write(epoch=epoch, groups=groups))
@@ -232,7 +247,7 @@ class ClusterBackend:
 
     def events(self, after: int = 0, wait: float = 0.0) -> list[dict]:
         """Events with ``seq`` > ``after``; waits up to ``wait`` seconds for the first one."""
-        return self._coordinator.call(p.Events(after=after, wait=wait), timeout=wait + self._timeout)
+        return self._ask(p.Events(after=after, wait=wait), timeout=wait + self._timeout)
 
     def subscribe(self, callback: Callable[[dict], None], *, from_now: bool = True) -> "Subscription":
         """Call ``callback(event)`` in a background thread for every new cluster event."""
@@ -243,19 +258,19 @@ class ClusterBackend:
 
     @property
     def checkpointer(self) -> "ClusterCheckpointClient":
-        return ClusterCheckpointClient(self._coordinator)
+        return ClusterCheckpointClient(self._coordinator, self._ask)
 
     def count(self, state: str) -> int:
-        return self._coordinator.call(p.Count(state=state))
+        return self._ask(p.Count(state=state))
 
     def stats(self) -> dict:
-        return self._coordinator.call(p.ClusterStats())
+        return self._ask(p.ClusterStats())
 
     def report_pipeline(self, record: dict) -> None:
-        self._coordinator.call(p.PipelineProgress(record=record))
+        self._ask(p.PipelineProgress(record=record))
 
     def status(self) -> dict:
-        return self._coordinator.call(p.Status())
+        return self._ask(p.Status())
 
     def close(self) -> None:
         self._coordinator.close()
@@ -311,15 +326,16 @@ class ClusterCheckpointClient:
 
     TIMEOUT = 3600.0
 
-    def __init__(self, coordinator: Channel) -> None:
-        self._coordinator = coordinator
+    def __init__(self, coordinator: Channel, ask: Callable[..., Any]) -> None:
+        self._coordinator = coordinator  # restores and savepoints are not retried: they are not idempotent
+        self._ask = ask
         self.last_restore: RestoreResult | None = None
 
     def checkpoint(self) -> CheckpointRecord:
-        return CheckpointRecord(**self._coordinator.call(p.TriggerCheckpoint(), timeout=self.TIMEOUT))
+        return CheckpointRecord(**self._ask(p.TriggerCheckpoint(), timeout=self.TIMEOUT))
 
     def checkpoints(self) -> list[CheckpointRecord]:
-        return [CheckpointRecord(**r) for r in self._coordinator.call(p.ListCheckpoints())]
+        return [CheckpointRecord(**r) for r in self._ask(p.ListCheckpoints())]
 
     def restore(self, checkpoint_id: int | None = None, savepoint: str | None = None) -> RestoreResult:
         r = self._coordinator.call(p.RestoreCluster(checkpoint=checkpoint_id, savepoint=savepoint), timeout=self.TIMEOUT)
@@ -331,10 +347,10 @@ class ClusterCheckpointClient:
         return SavepointInfo(**self._coordinator.call(p.CreateSavepoint(name=name, checkpoint=checkpoint_id), timeout=self.TIMEOUT))
 
     def inspect(self, checkpoint_id: int) -> dict:
-        return self._coordinator.call(p.InspectCheckpoint(checkpoint=checkpoint_id))
+        return self._ask(p.InspectCheckpoint(checkpoint=checkpoint_id))
 
     def savepoints(self) -> list[SavepointInfo]:
-        return [SavepointInfo(**s) for s in self._coordinator.call(p.ListSavepoints())]
+        return [SavepointInfo(**s) for s in self._ask(p.ListSavepoints())]
 
 
 def connect(address: str, **options: Any) -> Rockstate:

@@ -18,7 +18,6 @@ import asyncio
 import logging
 import os
 import time
-from collections import deque
 from dataclasses import dataclass
 
 from ..config import CheckpointConfig, CoordinatorConfig
@@ -31,6 +30,7 @@ from ..store.store import read_json, write_json
 from . import protocol as p
 from .assignment import assign
 from .checkpointing import ClusterCheckpoints
+from .events import EventLog
 from .security import Security
 from .table import Table
 
@@ -64,9 +64,8 @@ class Coordinator:
         self.members = {nid: Member(nid, m["address"], m["status"], now) for nid, m in saved.get("members", {}).items()}
         self._next_id = saved.get("next_id", 1)
         self.pipelines: dict[str, dict] = saved.get("pipelines", {})
-        self.events: deque[dict] = deque(maxlen=1000)
-        self._event_seq = 0
-        self._new_event = asyncio.Condition()
+        self.failovers: set[str] = set(saved.get("failovers", []))  # dead nodes whose partitions are not restored yet
+        self.events = EventLog(os.path.join(self.data_dir, "events.jsonl"))
         self.handlers = {
             p.Register: self.register,
             p.Heartbeat: self.heartbeat,
@@ -115,30 +114,16 @@ class Coordinator:
             "members": {m.node_id: {"address": m.address, "status": m.status} for m in self.members.values()},
             "next_id": self._next_id,
             "pipelines": self.pipelines,
+            "failovers": sorted(self.failovers),
         })
 
     def event(self, event: str, **data) -> None:
         """Record a cluster event (member joined/left/dead, migration, partition restored, checkpoint...)."""
-        self._event_seq += 1
-        self.events.append({"seq": self._event_seq, "time": time.time(), "event": event, **data})
+        self.events.append(event, **data)
         log.info("event %s %s", event, data)
-        self._spawn(self._notify())
-
-    async def _notify(self) -> None:
-        async with self._new_event:
-            self._new_event.notify_all()
 
     async def events_after(self, msg: p.Events, conn) -> list:
-        def newer():
-            return [e for e in self.events if e["seq"] > msg.after]
-
-        if not newer() and msg.wait > 0:
-            async with self._new_event:
-                try:
-                    await asyncio.wait_for(self._new_event.wait_for(lambda: bool(newer())), msg.wait)
-                except TimeoutError:
-                    pass
-        return newer()
+        return await self.events.wait_after(msg.after, msg.wait)
 
     def _spawn(self, coro) -> None:
         task = asyncio.create_task(coro)
@@ -185,6 +170,8 @@ class Coordinator:
             self._save()
             await self._broadcast(p.ApplyTable(table=self.table.to_wire()))
         self.event("coordinator_resumed", epoch=self.table.epoch)
+        for node_id in self.failovers:  # a failover the crash interrupted is done now
+            self._spawn(self._failover(node_id))
         await self._rebalance()
 
     async def _monitor(self) -> None:
@@ -195,9 +182,10 @@ class Coordinator:
                 if m.status == "alive" and now - m.last_seen > self.config.heartbeat_timeout:
                     m.status = "dead"
                     self.event("member_dead", node=m.node_id, address=m.address)
-                    self._save()
                     if self.checkpoints is not None:
+                        self.failovers.add(m.node_id)
                         self._spawn(self._failover(m.node_id))
+                    self._save()
 
     def alive(self) -> list[Member]:
         return [m for m in self.members.values() if m.status == "alive"]
@@ -295,13 +283,32 @@ class Coordinator:
 
         What was written to them after that checkpoint is lost; the
         ``partition_restored`` events name the checkpoint so a pipeline can
-        rewind to it and replay.
+        rewind to it and replay. A failed restore (storage or a target node
+        failing) is retried until it works or the node comes back: until
+        then its partitions are unavailable, never served from an older state.
         """
+        delay = 0.2
+        while dead in self.failovers:
+            try:
+                if await self._failover_once(dead):
+                    self.failovers.discard(dead)
+                    self._save()
+                    return
+            except (RockstateError, OSError) as exc:  # no live node is not an error: it waits quietly
+                log.warning("failover of %s's partitions failed (%s); retrying in %.1fs", dead, exc, delay)
+                self.event("failover_retry", node=dead, reason=str(exc))
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 5.0)
+
+    async def _failover_once(self, dead: str) -> bool:
+        """One try; False when there is no live node to restore to."""
         async with self.table_lock:
             targets = [m.node_id for m in self.alive()]
             lost = self.table.owned_by(dead)
-            if not targets or not lost or self.members[dead].status != "dead":
-                return
+            if not lost or self.members[dead].status != "dead":
+                return True  # nothing left to restore, or the node came back with its data
+            if not targets:
+                return False
             owners = list(self.table.owners)
             current = [o if o in targets else None for o in owners]
             wanted = assign(current, targets)
@@ -311,13 +318,13 @@ class Coordinator:
                 by_target.setdefault(wanted[pid], []).append(pid)
             if chk is not None:
                 await self.checkpoints.restore_partitions(chk, [(self.members[t], pids) for t, pids in by_target.items()])
-            for pid in lost:
+            for pid in lost:  # recorded before the table: a crash in between repeats the failover, never hides it
+                self.event("partition_restored", partition=pid, checkpoint=chk, node=wanted[pid], previous=dead)
                 owners[pid] = wanted[pid]
             self.table = self.table.with_owners(owners, {m.node_id: m.address for m in self.members.values()})
             self._save()
-            for pid in lost:
-                self.event("partition_restored", partition=pid, checkpoint=chk, node=wanted[pid], previous=dead)
             await self._broadcast(p.ApplyTable(table=self.table.to_wire()))
+            return True
 
     def partitions_by_node(self) -> list[tuple[Member, list[int]]]:
         """Each live owner with the partitions it owns."""
@@ -467,7 +474,7 @@ class Coordinator:
                  "partitions": counts.get(m.node_id, 0), "last_seen": round(now - m.last_seen, 2)}
                 for m in sorted(self.members.values(), key=lambda m: m.node_id)
             ],
-            "events": list(self.events)[-100:],
+            "events": self.events.latest(100),
             "pipelines": sorted(self.pipelines.values(), key=lambda r: -r.get("updated", 0)),
             "checkpoints": None if self.checkpoints is None else {
                 "url": self.config.checkpoints, "latest": self.checkpoints.latest(), "recent": self.checkpoints.history()[-5:]},

@@ -75,11 +75,27 @@ class Demo:
             from .pipeline import read_table
 
             table, rows_out = read_table(self.output_dir)
-            ok = _equal(table, truth)
+            self.facts.update(events_in=len(events), rows_out=rows_out, table_rows=len(table), truth_rows=len(truth))
+            ok = self.verify(events, table, truth)
             progress.update(phase, completed=1, rate="")
-        self.facts.update(events_in=len(events), rows_out=rows_out, table_rows=len(table), truth_rows=len(truth))
         self.summary(ok)
         return 0 if ok else 1
+
+    def verify(self, events, table, truth) -> bool:
+        return _equal(table, truth)
+
+    def on_batch(self, batch_id: int, cluster: LocalCluster, progress: Progress) -> None:
+        """After each micro-batch's state is staged, before it commits: the demo's failure and join."""
+        a = self.args
+        kill_at, join_at = (None if a.no_failure else a.files // 3), (2 * a.files) // 3
+        if batch_id == kill_at and "killed" not in self.facts:
+            victim = cluster.nodes()[0]
+            self.facts.update(killed=victim.node_id, killed_at=time.time())
+            cluster.kill_node(victim.node_id)  # SIGKILL, after the batch was staged, before it commits
+            progress.console.print(f"  [red]killed state node {victim.node_id} (pid {victim.pid}) during batch {batch_id}[/]")
+        if batch_id == join_at and "joined" not in self.facts:
+            self.facts["joined"] = "starting"
+            threading.Thread(target=self.join, args=(cluster, progress), daemon=True).start()
 
     def stream(self, spark, cluster: LocalCluster, events, progress: Progress) -> None:
         from ..spark import StateClientSpec, exactly_once
@@ -88,7 +104,6 @@ class Demo:
         a = self.args
         os.makedirs(self.input_dir)
         client = StateClientSpec(cluster.address, retry_timeout=120.0)
-        kill_at, join_at = (None if a.no_failure else a.files // 3), (2 * a.files) // 3
         task = progress.add_task("streaming micro-batches", total=a.files, rate="")
         started = time.monotonic()
         done = threading.Event()
@@ -96,14 +111,7 @@ class Demo:
 
         def sink(batch_df, batch_id):
             materialize(batch_df, client, self.output_dir, batch_id)
-            if batch_id == kill_at and "killed" not in self.facts:
-                victim = cluster.nodes()[0]
-                self.facts.update(killed=victim.node_id, killed_at=time.time())
-                cluster.kill_node(victim.node_id)  # SIGKILL, after the batch was staged, before it commits
-                progress.console.print(f"  [red]killed state node {victim.node_id} (pid {victim.pid}) during batch {batch_id}[/]")
-            if batch_id == join_at and "joined" not in self.facts:
-                self.facts["joined"] = "starting"
-                threading.Thread(target=self.join, args=(cluster, progress), daemon=True).start()
+            self.on_batch(batch_id, cluster, progress)
             processed[0] = batch_id + 1
             rate = sum(len(chunk(events, a.files, i)) for i in range(processed[0])) / (time.monotonic() - started)
             progress.update(task, completed=processed[0], rate=f"{rate:,.0f} events/s")

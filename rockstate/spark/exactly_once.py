@@ -16,8 +16,9 @@ For micro-batch N it:
 
 If a state node dies meanwhile, its partitions come back at the latest
 checkpoint — N-1, taken in step 4 of the previous batch — without this
-batch's stage: the wrapper notices the ``partition_restored`` event, rolls
-the other partitions back to N-1 and runs the batch again. A state older
+batch's stage or commit: the wrapper notices the ``partition_restored``
+event (at any point up to and including checkpoint N), rolls the other
+partitions back to N-1 and runs the batch again. A state older
 than N-1 (a checkpoint had failed) cannot be repaired inside the run:
 ``StateRewoundError`` says which batch the state is at.
 
@@ -28,6 +29,7 @@ batch N's output): ``ParquetSink`` is one such sink.
 from __future__ import annotations
 
 import contextvars
+import itertools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -113,7 +115,7 @@ class ExactlyOnce:
     """The ``foreachBatch`` function returned by ``exactly_once``."""
 
     def __init__(self, sink: Callable[[DataFrame, int], Any], client: object, query: str, *,
-                 checkpoint: bool = True, max_attempts: int = 3) -> None:
+                 checkpoint: bool = True, max_attempts: int = 5) -> None:
         if not isinstance(query, str) or not query:
             raise RockstateError("exactly_once needs query=<a name that stays the same across restarts>")
         self.sink, self.spec, self.query = sink, as_spec(client), query
@@ -137,16 +139,20 @@ class ExactlyOnce:
                 self.sink(df, batch_id)
             finally:
                 _current.reset(token)
+            committed = chk = None
+            # a restore at any point up to checkpoint N took some partitions back to N-1 (or before this
+            # batch's stage reached them): only a checkpoint N taken with no restore since the start counts
             if not self._restored_since(mark):
                 self.backend.commit_batch(self.query, batch_id)
+                committed = time.monotonic()
                 if not self._restored_since(mark):
-                    break
+                    chk = self._checkpoint()
+                    if not self._restored_since(mark):
+                        break
             log.warning("query %s batch %s: state partitions were restored during the batch; running it again", self.query, batch_id)
             self._bring_to(batch_id - 1)
         else:
             raise RockstateError(f"query {self.query!r} batch {batch_id}: state nodes kept failing over {self.max_attempts} attempts")
-        committed = time.monotonic()
-        chk = self._checkpoint()
         self._record(txn, batch_id, chk, committed - started, time.monotonic() - committed)
 
     # -- recovery ------------------------------------------------------------------
@@ -182,14 +188,27 @@ class ExactlyOnce:
     # -- checkpoint and bookkeeping -----------------------------------------------------
 
     def _checkpoint(self) -> int | None:
+        """Checkpoint N, retried while it fails for a passing reason (a storage error aborted it).
+
+        Returning without it would let Spark commit batch N while a node death
+        could still take the state back before N, beyond what a re-run repairs.
+        """
         if not self.checkpoint:
             return None
-        try:
-            return self.backend.checkpointer.checkpoint().id
-        except CheckpointsNotConfiguredError:
-            self.checkpoint = False
-            log.warning("query %s: the cluster has no checkpoint storage; a node death will lose state", self.query)
-            return None
+        backend = self.backend
+        deadline = time.monotonic() + backend.retry_timeout
+        for attempt in itertools.count():
+            try:
+                return backend.checkpointer.checkpoint().id
+            except CheckpointsNotConfiguredError:
+                self.checkpoint = False
+                log.warning("query %s: the cluster has no checkpoint storage; a node death will lose state", self.query)
+                return None
+            except RockstateError as exc:
+                if not exc.retryable or time.monotonic() > deadline:
+                    raise
+                log.warning("query %s: checkpoint failed (%s); trying again", self.query, exc)
+                time.sleep(min(0.1 * 2 ** attempt, 2.0))
 
     def _record(self, txn: Transaction, batch_id: int, chk: int | None, run_s: float, checkpoint_s: float) -> None:
         """The query's bookkeeping, in the ``_pipelines`` state and the coordinator's status."""

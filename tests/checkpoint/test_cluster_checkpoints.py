@@ -3,7 +3,8 @@
 import pytest
 
 from rockstate.cluster.local import LocalCluster, wait_until
-from rockstate.errors import CheckpointsNotConfiguredError
+from rockstate.errors import CheckpointsNotConfiguredError, RockstateError
+from rockstate.testing.faults import FaultPlan
 
 from .conftest import wait_for
 
@@ -74,6 +75,48 @@ def test_killed_node_is_restored_from_the_latest_checkpoint(tmp_path, file_url):
                 assert value == ("checkpointed" if lost else "after"), (i, value, lost)
             s.put(0, "writable again")
             assert s.get(0) == "writable again"
+
+
+def test_failover_waits_out_a_failing_storage_and_never_serves_an_older_state(tmp_path):
+    """The storage fails every read while a dead node's partitions are restored: they stay unavailable, the
+    restore is retried, and once the storage works they come back with exactly the checkpoint's contents."""
+    with LocalCluster(nodes=3, partitions=6, root=str(tmp_path), checkpoints=f"faulty::file://{tmp_path}/chk",
+                      heartbeat_timeout=1.0, processes=False) as cluster:
+        fs = cluster._runner.coordinator.checkpoints.storage.fs  # one instance, shared by the in-process nodes
+        fs.plan = FaultPlan()
+        with cluster.connect(retry_timeout=1) as rs:
+            s = rs.value_state("durable")
+            s.put_many({i: "checkpointed" for i in range(300)})
+            chk = rs.checkpoint().id
+            s.put_many({i: "after" for i in range(300)})
+            victim = cluster.nodes()[0].node_id
+            owned = set(rs.backend.refresh().owned_by(victim))
+            on_victim = [i for i in range(300) if rs.partition_of(i) in owned]
+            fs.plan = FaultPlan(error_rate=1.0)
+            cluster.kill_node(victim)
+            wait_until(lambda: [e for e in rs.backend.events() if e["event"] == "failover_retry"], 30, "a failed restore")
+            with pytest.raises(RockstateError) as unavailable:
+                s.get(on_victim[0])
+            assert unavailable.value.retryable
+            fs.plan = FaultPlan()
+            wait_until(lambda: [e for e in rs.backend.events() if e["event"] == "partition_restored"], 30, "the failover")
+            values = s.get_many(range(300))
+            assert values == ["checkpointed" if i in on_victim else "after" for i in range(300)]
+            assert {e["checkpoint"] for e in rs.backend.events() if e["event"] == "partition_restored"} == {chk}
+
+
+def test_events_survive_a_coordinator_restart_and_keep_their_order(tmp_path):
+    with LocalCluster(nodes=1, partitions=2, root=str(tmp_path)) as cluster:
+        before = cluster.status()["events"]
+        assert before and before[-1]["seq"] == len(before)
+        cluster.kill_coordinator()
+        cluster.restart_coordinator()
+        with cluster.connect(retry_timeout=30) as rs:
+            after = wait_until(lambda: [e for e in rs.backend.events() if e["event"] == "coordinator_resumed"], 30, "resume")
+            events = rs.backend.events()
+        assert events[:len(before)] == before, "what happened before the kill is still there"
+        assert after[0]["seq"] > before[-1]["seq"]
+        assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
 
 
 def test_a_cluster_without_storage_says_so(tmp_path):
