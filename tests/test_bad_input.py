@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import socket
 import struct
 import subprocess
@@ -46,9 +47,9 @@ from rockstate.errors import (
 )
 from rockstate.rpc.client import Channel, split_address
 from rockstate.rpc.frames import MAX_FRAME, encode, read_frame_sync
-from rockstate.rpc.messages import PROTOCOL_VERSION, Welcome, parse_reply
-from rockstate.serde import KEY_TYPES, VALUE_TYPES, encode_key, encode_value
-from rockstate.store.partition import DELETE, DELETE_MANY, PUT, PUT_MANY
+from rockstate.rpc.messages import PROTOCOL_VERSION, Message, Welcome, parse_reply
+from rockstate.serde import KEY_TYPES, VALUE_TYPES, encode_key, encode_value, encode_values
+from rockstate.store.partition import APPEND, DELETE, DELETE_MANY, PUT, PUT_MANY, RAW_PUT
 
 P = 8
 MAX_KEY = 1024
@@ -57,7 +58,8 @@ MAX_VALUE = 256 * 1024
 SEED_VALUES = {i: {"n": i, "s": f"v{i}"} for i in range(400)}
 SEED_MAP = {f"field-{i}": i * 1.5 for i in range(50)}
 SEED_LIST = ["a", 1, None, b"\x00", [1, 2]]
-SEED_STATES = {"seed-values": "value", "seed-map": "map", "seed-list": "list", "raw-target": "value", "round-trip": "value"}
+SEED_STATES = {"seed-values": "value", "seed-map": "map", "seed-list": "list", "raw-target": "value", "round-trip": "value",
+               "raw-map": "map", "raw-list": "list", "raw-ttl": "value"}
 
 NAME_RULE = "use 1-128 letters, digits, '_', '-' or '.', starting with a letter or digit, with no '..' and no path separators"
 
@@ -78,6 +80,7 @@ def cluster(tmp_path_factory):
             rs.list_state("seed-list").extend(("user", 1), SEED_LIST)
             rs.value_state("raw-target")  # raw writes in these tests go here, never into the seed states
             rs.value_state("round-trip")  # fresh writes after each test
+            rs.map_state("raw-map"), rs.list_state("raw-list"), rs.value_state("raw-ttl", ttl=3600)  # raw writes of a kind
         c.processes_at_start = sorted((n.node_id, n.pid) for n in c.nodes())
         yield c
 
@@ -185,6 +188,121 @@ def test_value_at_the_limit_is_accepted(cluster, rs):
     assert len(encode_value(value)) == MAX_VALUE
     rs.value_state("round-trip").put("at-the-limit", value)
     assert rs.value_state("round-trip").get("at-the-limit") == value
+    check_serving_and_intact(cluster, rs)
+
+
+# -- oversized keys and values sent raw to a node, bypassing the client ---------------------
+# The node holds what an op stores to the limits the client holds encoded keys and values to (the
+# coordinator hands them to every node): a map entry's key is two encoded keys, so up to 2 * MAX_KEY;
+# a list's value is its items' encodings concatenated, each item up to MAX_VALUE; a RAW_PUT to a
+# state with a TTL carries an 8-byte expiry header on top.
+
+BIG_KEY, BIG_VALUE = b"k" * (MAX_KEY + 1), b"v" * (MAX_VALUE + 1)
+
+
+def _oversized(pid: int) -> dict:
+    """case -> (the bad op or CAS group body, the limit it breaks, words of the message)."""
+    item = encode_value(b"i" * (MAX_VALUE - 5 + 1))  # one encoded list item just over the limit
+    key_words, value_words = "key of", "value of"
+    return {
+        "PUT key": ([PUT, "raw-target", BIG_KEY, b"v"], MAX_KEY, [key_words, f"{MAX_KEY + 1} bytes", "(max_key_bytes)"]),
+        "PUT value": ([PUT, "raw-target", b"k", BIG_VALUE], MAX_VALUE, [value_words, "(max_value_bytes)"]),
+        "PUT_MANY key": ([PUT_MANY, "raw-target", [b"k1", BIG_KEY, b"k3"], [b"1", b"2", b"3"]], MAX_KEY, [key_words]),
+        "PUT_MANY value": ([PUT_MANY, "raw-target", [b"k1", b"k2"], [b"1", BIG_VALUE]], MAX_VALUE, [value_words]),
+        "APPEND key": ([APPEND, "raw-list", BIG_KEY, encode_value(1)], MAX_KEY, [key_words]),
+        "APPEND list item": ([APPEND, "raw-list", encode_key("l"), encode_value(1) + item], MAX_VALUE,
+                             [value_words, "an item of the list", f"{len(item)} bytes"]),
+        "RAW_PUT value": ([RAW_PUT, "raw-target", b"k", BIG_VALUE], MAX_VALUE, [value_words]),
+        "RAW_PUT value after a TTL header": ([RAW_PUT, "raw-ttl", b"k", b"\x00" * 8 + BIG_VALUE], MAX_VALUE,
+                                             [value_words, "after its 8-byte expiry header"]),
+        "map entry key": ([PUT, "raw-map", b"m" * (2 * MAX_KEY + 1), b"v"], 2 * MAX_KEY,
+                          [key_words, f"max_key_bytes={MAX_KEY} each"]),
+    }
+
+
+def _check_size_error(err, limit: int, words: list) -> None:
+    assert type(err) is SizeLimitError, f"{type(err).__name__}: {err}"
+    assert f"over the limit of {limit} bytes" in err.message, err.message
+    assert err.data["limit"] == limit
+    for w in words:
+        assert w in err.message, err.message
+
+
+@pytest.mark.parametrize("case", list(_oversized(0)))
+@pytest.mark.parametrize("via", ["write", "stage"])
+def test_oversized_raw_op_on_a_node(cluster, rs, case, via):
+    """A Write or Stage straight to a node: the same SizeLimitError the client raises, naming the limit;
+    no group of the request is applied (a good group before it, a good op before it in its own group),
+    the connection and the node go on serving, and what was there is intact."""
+    node = first_node(cluster)
+    a, b = owned(rs, node.address)[:2]
+    bad, limit, words = _oversized(b)[case]
+    good = encode_key(("oversized", case, via))
+    before = encode_key(("oversized-before", case, via))
+    query = f"oversized-{case}"
+    epoch = rs.backend.table.epoch
+    groups = [[a, [[PUT, "raw-target", good, b"\x01"]]], [b, [[PUT, "raw-target", before, b"\x02"], bad]]]
+    with Channel(node.address) as channel:
+        with pytest.raises(SizeLimitError) as info:
+            if via == "write":
+                channel.call(p.Write(epoch=epoch, groups=groups))
+            else:
+                channel.call(p.Stage(epoch=epoch, query=query, batch=0, task=0, attempt=0, seq=0, groups=groups))
+        _check_size_error(info.value, limit, words)
+        if via == "stage":  # nothing was staged: committing the batch applies nothing
+            channel.call(p.StageDone(epoch=epoch, query=query, batch=0, task=0, attempt=0, groups=[[a, None], [b, None]]))
+            channel.call(p.CommitBatch(epoch=epoch, query=query, batch=0, groups=[[a, None], [b, None]]))
+        assert raw_read(channel, rs, a, [good]) == [None]
+        assert raw_read(channel, rs, b, [before]) == [None]
+        # the same connection still serves a write of the same shape within the limits
+        channel.call(p.Write(epoch=epoch, groups=[[b, [[PUT, "raw-target", before, b"\x03"]]]]))
+        assert raw_read(channel, rs, b, [before]) == [b"\x03"]
+        channel.call(p.Write(epoch=epoch, groups=[[b, [[DELETE, "raw-target", before, None]]]]))
+    check_serving_and_intact(cluster, rs)
+
+
+@pytest.mark.parametrize("part", ["key", "new value"])
+def test_oversized_raw_compare_and_set_on_a_node(cluster, rs, part):
+    node = first_node(cluster)
+    pid = owned(rs, node.address)[0]
+    key = encode_key(("oversized-cas", part))
+    epoch = rs.backend.table.epoch
+    with Channel(node.address) as channel:
+        channel.call(p.Write(epoch=epoch, groups=[[pid, [[PUT, "raw-target", key, b"old"]]]]))
+        cas = ["raw-target", BIG_KEY, None, b"new"] if part == "key" else ["raw-target", key, b"old", BIG_VALUE]
+        with pytest.raises(SizeLimitError) as info:
+            channel.call(p.CompareAndSet(epoch=epoch, groups=[[pid, cas]]))
+        _check_size_error(info.value, MAX_KEY if part == "key" else MAX_VALUE, ["compare-and-set"])
+        assert raw_read(channel, rs, pid, [key, BIG_KEY]) == [b"old", None]  # not applied
+        assert channel.call(p.CompareAndSet(epoch=epoch, groups=[[pid, ["raw-target", key, b"old", b"new"]]])) == [True]
+        channel.call(p.Write(epoch=epoch, groups=[[pid, [[DELETE, "raw-target", key, None]]]]))
+    check_serving_and_intact(cluster, rs)
+
+
+def test_what_the_client_may_send_is_accepted_raw(cluster, rs):
+    """The node's limits are not tighter than the client's: a map entry with a key and a user key at the
+    limit each, a list longer than MAX_VALUE whose items are within it, a TTL value at the limit."""
+    big_item = b"x" * (MAX_VALUE - 5)  # encodes to MAX_VALUE bytes
+    at_limit = "k" * (MAX_KEY - 3)  # encodes to MAX_KEY bytes
+    rs.map_state("raw-map").put(at_limit, at_limit, "both at the limit")
+    assert rs.map_state("raw-map").get(at_limit, at_limit) == "both at the limit"
+    rs.list_state("raw-list").extend("long", [big_item, big_item, 1])
+    rs.list_state("raw-list").append("long", big_item)
+    assert rs.list_state("raw-list").get("long") == [big_item, big_item, 1, big_item]
+    rs.list_state("raw-list").put("long", [big_item] * 3)
+    assert rs.list_state("raw-list").get("long") == [big_item] * 3
+    ttl = rs.value_state("raw-ttl", ttl=3600)
+    ttl.put("at-the-limit", big_item)
+    assert ttl.get("at-the-limit") == big_item
+    node = first_node(cluster)
+    pid = owned(rs, node.address)[0]
+    with Channel(node.address) as channel:  # raw: a TTL state's stored value is its header and a value at the limit
+        stored = b"\xff" * 8 + encode_value(big_item)
+        channel.call(p.Write(epoch=rs.backend.table.epoch, groups=[[pid, [[RAW_PUT, "raw-ttl", b"raw", stored]]]]))
+        assert raw_read(channel, rs, pid, [b"raw"], state="raw-ttl") == [encode_value(big_item)]
+        items = b"".join(encode_values([big_item, big_item]))  # a list value of two items at the limit
+        channel.call(p.Write(epoch=rs.backend.table.epoch, groups=[[pid, [[PUT_MANY, "raw-list", [b"two"], [items]]]]]))
+        assert raw_read(channel, rs, pid, [b"two"], state="raw-list") == [items]
     check_serving_and_intact(cluster, rs)
 
 
@@ -354,6 +472,85 @@ def test_partition_out_of_range_raw(cluster, rs, pid, op):
         assert type(err) is PartitionRangeError
         assert f"partition {pid} is out of range 0..{P - 1}" == err.message
         assert raw_read(channel, rs, good, [key]) == [None]
+    check_serving_and_intact(cluster, rs)
+
+
+# -- numbers out of range: refused as the message is decoded, on a connection that keeps serving ------
+
+
+def _out_of_range(epoch: int, pid: int) -> dict:
+    """case -> (where, the message's wire form, the field, what the error says)."""
+    scan = p.Scan(epoch=epoch, partition=pid, state="raw-target").to_wire()
+    stage = p.Stage(epoch=epoch, query="range", batch=0, task=0, attempt=0, seq=0, groups=[]).to_wire()
+    rollback = p.RollbackBatches(epoch=epoch, query="range", to_batch=None, groups=[]).to_wire()
+    chunk = p.MoveChunk(partition=pid, name="x", offset=0, length=1).to_wire()
+    return {
+        "scan limit -1": ("node", {**scan, "limit": -1}, "limit",
+                          "field 'limit' of 'scan' message must be an int from 1 to 100000, not -1"),
+        "scan limit 0": ("node", {**scan, "limit": 0}, "limit", "must be an int from 1 to 100000, not 0"),
+        "scan limit 100001": ("node", {**scan, "limit": 100_001}, "limit", "must be an int from 1 to 100000, not 100001"),
+        "stage batch -1": ("node", {**stage, "batch": -1}, "batch",
+                           "field 'batch' of 'stage' message must be an int from 0 to 2**64 - 1, not -1"),
+        "stage task 2**32": ("node", {**stage, "task": 1 << 32}, "task",
+                             "field 'task' of 'stage' message must be an int from 0 to 2**32 - 1"),
+        "rollback to batch -2": ("node", {**rollback, "to_batch": -2}, "to_batch",
+                                 "field 'to_batch' of 'rollback_batches' message must be None or an int from 0 to 2**64 - 2"),
+        "move chunk length -1": ("node", {**chunk, "length": -1}, "length",
+                                 "field 'length' of 'move_chunk' message must be an int from 1 to 2**28, not -1"),
+        "events wait -1": ("coordinator", {**p.Events().to_wire(), "wait": -1.0}, "wait",
+                           "field 'wait' of 'events' message must be a finite number >= 0, not -1.0"),
+        "events wait nan": ("coordinator", {**p.Events().to_wire(), "wait": float("nan")}, "wait",
+                            "must be a finite number >= 0, not nan"),
+        "inspect checkpoint -1": ("coordinator", {"op": "inspect_checkpoint", "checkpoint": -1}, "checkpoint",
+                                  "field 'checkpoint' of 'inspect_checkpoint' message must be an int from 0 to 2**63 - 1"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_out_of_range(0, 0)))
+def test_number_out_of_range_raw(cluster, rs, case):
+    """Hand-made frames (the message classes refuse to make these): a ProtocolError naming the field and
+    what it allows, for that request only; the same connection serves the next one."""
+    node = first_node(cluster)
+    target, wire, field, says = _out_of_range(rs.backend.table.epoch, owned(rs, node.address)[0])[case]
+    with pytest.raises(ProtocolError, match=re.escape(says)):  # what the server does with it, done here
+        Message.from_wire(wire)
+    with RawPeer(_target(cluster, target)) as peer:
+        assert isinstance(peer.hello()[1], Welcome)
+        peer.send({"id": 1, "msg": wire, "deadline": None})
+        rid, err = peer.reply()
+        assert rid == 1 and type(err) is ProtocolError, f"{type(err).__name__}: {err}"
+        assert says in err.message, err.message
+        assert err.data == {"op": wire["op"], "field": field}
+        after = p.Status() if target == "coordinator" else p.NodeCount(state="raw-target")
+        peer.send({"id": 2, "msg": after.to_wire(), "deadline": None})
+        rid, answer = peer.reply()
+        assert rid == 2 and not isinstance(answer, Exception), answer
+    check_serving_and_intact(cluster, rs)
+
+
+def test_scan_with_negative_limit(cluster, rs):
+    """It used to answer one entry; now a ProtocolError saying what a limit may be."""
+    rs.value_state("raw-target").put("scan-case", 1)
+    pid = rs.partition_of("scan-case")
+    scan = p.Scan(epoch=rs.backend.table.epoch, partition=pid, state="raw-target").to_wire()
+    with RawPeer(rs.backend.refresh().owner_address(pid)) as peer:
+        assert isinstance(peer.hello()[1], Welcome)
+        peer.send({"id": 1, "msg": {**scan, "limit": -1}, "deadline": None})
+        rid, err = peer.reply()
+        assert rid == 1 and type(err) is ProtocolError, f"{type(err).__name__}: {err}"
+        assert err.message == "field 'limit' of 'scan' message must be an int from 1 to 100000, not -1"
+        peer.send({"id": 2, "msg": {**scan, "limit": 1}, "deadline": None})
+        rid, page = peer.reply()
+        assert rid == 2 and len(page) == 1  # the same connection scans on
+    with pytest.raises(ProtocolError, match="field 'limit' of 'scan' message must be an int from 1 to 100000, not -1"):
+        p.Scan(epoch=0, partition=pid, state="raw-target", limit=-1)  # refused before it is sent, too
+    check_serving_and_intact(cluster, rs)
+
+
+def test_freeze_of_a_partition_out_of_range_raw(cluster, rs):
+    with Channel(first_node(cluster).address) as channel:
+        with pytest.raises(PartitionRangeError, match=f"partition -1 is out of range 0..{P - 1}"):
+            channel.call(p.Freeze(partition=-1))
     check_serving_and_intact(cluster, rs)
 
 

@@ -21,8 +21,8 @@ from ..config import CheckpointConfig, NodeConfig, StoreConfig
 from ..errors import CheckpointsNotConfiguredError, ClusterError, NotOwnerError, PartitionUnavailableError, ProtocolError, RockstateError, UnknownNodeError
 from ..rpc.client import AsyncChannel
 from ..rpc.server import Server
-from ..store import DELETE_MANY, PUT_MANY, StateSpec, Store, staging
-from ..store.partition import check_ops
+from ..store import DELETE_MANY, PUT, PUT_MANY, StateSpec, Store, staging
+from ..store.partition import check_ops, check_size
 from ..store.store import read_json, write_json
 from . import protocol as p
 from .ingest import SstIngestor
@@ -238,10 +238,15 @@ class Node:
 
     # -- data ----------------------------------------------------------------
 
+    def _check_ops(self, groups: list) -> None:
+        """Every group's ops, before any applies: shape, states, and the cluster's key and value size limits."""
+        specs, config = self.store.specs, self.store.config
+        for pid, ops in groups:
+            check_ops(ops, specs, f"partition {pid}", config.max_key_bytes, config.max_value_bytes)
+
     async def write(self, msg: p.Write, conn) -> None:
         groups = await self._writable(msg)
-        for pid, ops in groups:  # all checked before any applies
-            check_ops(ops, self.store.specs, f"partition {pid}")
+        self._check_ops(groups)
         for pid, ops in groups:
             try:
                 self.store.write(pid, ops)
@@ -256,6 +261,10 @@ class Node:
                     or type(cas[2]) not in (bytes, type(None)) or type(cas[3]) is not bytes:
                 raise ProtocolError(f"a compare-and-set of partition {pid} is [state, key, expected or None, new] "
                                     f"(bytes but the state), not {cas!r:.100}")
+            spec = self.store.specs.get(cas[0])
+            if spec is not None:  # an unknown state fails as it is read
+                config = self.store.config
+                check_size(spec, PUT, cas[1], cas[3], f"the compare-and-set of partition {pid}", config.max_key_bytes, config.max_value_bytes)
         return [self.store.partition(pid).compare_and_set(*cas) for pid, cas in groups]
 
     async def read(self, msg: p.Read, conn) -> list:
@@ -284,7 +293,9 @@ class Node:
         return [(self._check(pid, msg.epoch), body) for pid, body in msg.groups]
 
     async def stage(self, msg: p.Stage, conn) -> None:
-        for pid, ops in await self._writable(msg):
+        groups = await self._writable(msg)
+        self._check_ops(groups)  # now, not at commit: a bad staged op would fail every commit of the batch
+        for pid, ops in groups:
             staging.stage(self.store.partition(pid), msg.query, msg.batch, msg.task, msg.attempt, msg.seq, ops)
 
     async def stage_done(self, msg: p.StageDone, conn) -> None:
@@ -344,7 +355,7 @@ class Node:
 
     async def freeze(self, msg: p.Freeze, conn) -> None:
         if msg.frozen:
-            self.frozen.setdefault(msg.partition, asyncio.Event())
+            self.frozen.setdefault(self.store.check_pid(msg.partition), asyncio.Event())
         else:
             self._unfreeze(msg.partition)
 
@@ -390,7 +401,7 @@ class Node:
     async def release(self, msg: p.Release, conn) -> None:
         """Stop serving a partition whose new owner is about to be committed; its files stay until the
         new table arrives (a table that still names this node, after a crashed move, takes it back)."""
-        if self.owned.pop(msg.partition, None) is not None:
+        if self.owned.pop(self.store.check_pid(msg.partition), None) is not None:
             self.released.add(msg.partition)
             self._unfreeze(msg.partition)  # writes that waited for the move now learn the new owner
 
@@ -404,7 +415,7 @@ class Node:
         self.released.clear()
 
     async def pull_discard(self, msg: p.PullDiscard, conn) -> None:
-        if msg.partition not in self.owned:
+        if self.store.check_pid(msg.partition) not in self.owned:
             self.store.close_partition(msg.partition, drop=True)
         self.move_target.discard(msg.partition)
 
@@ -424,7 +435,7 @@ class Node:
         return self.move_source.delta(self._owned(msg.partition), msg.final)
 
     async def move_discard(self, msg: p.MoveDiscard, conn) -> None:
-        self.move_source.discard(msg.partition)
+        self.move_source.discard(self.store.check_pid(msg.partition))
 
 
 def _groups(msg) -> list:

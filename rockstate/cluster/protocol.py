@@ -5,11 +5,59 @@ a request for a partition it does not own, or whose epoch is older than the
 epoch at which the node became the partition's owner (fencing clients that
 still route by a table from before a move). Reads and scans are safe to
 retry; a ``Write`` is idempotent for PUT/DELETE ops and not for APPEND.
+
+Numeric fields with a range (a scan's limit, batch and task numbers,
+checkpoint ids, offsets, waits) name it in ``ranges``; a message out of range
+is refused with a ``ProtocolError`` that names the field and what is allowed,
+when it is made and when it is decoded.
 """
 
 from __future__ import annotations
 
+import math
+from typing import ClassVar
+
+from ..errors import ProtocolError
+from ..rpc.frames import MAX_FRAME
 from ..rpc.messages import Message
+
+U32, U64, I64 = (1 << 32) - 1, (1 << 64) - 1, (1 << 63) - 1  # what staging's and storage's struct formats hold
+MAX_SCAN_LIMIT = 100_000  # entries in one scan page (the client asks for 1000)
+
+
+class _Ranged:
+    """A message whose numeric fields must lie in ``ranges``: {field: (lowest, highest or None)}.
+
+    None (where the field allows it) is not checked, nor a value of the wrong
+    type (``Message.from_wire`` names that); a float must also be finite.
+    """
+
+    ranges: ClassVar[dict[str, tuple[float, float | None]]] = {}
+
+    def __post_init__(self) -> None:
+        for name, (low, high) in self.ranges.items():
+            value = getattr(self, name)
+            if type(value) not in (int, float):
+                continue
+            if low <= value and (high is None or value <= high) and (type(value) is int or math.isfinite(value)):
+                continue
+            kind = "a finite number" if float in (self._types[name] or (float,)) else "an int"
+            allowed = f"{kind} from {low} to {_show(high)}" if high is not None else f"{kind} >= {low}"
+            if type(None) in (self._types[name] or ()):
+                allowed = f"None or {allowed}"
+            raise ProtocolError(f"field {name!r} of {self.op!r} message must be {allowed}, not {value!r}", op=self.op, field=name)
+
+
+def _show(n: float) -> str:
+    """A bound as people read it: 2**64 - 1 rather than 18446744073709551615."""
+    p = int(n).bit_length()
+    if type(n) is int and n >= 1 << 20:
+        if n == 1 << (p - 1):
+            return f"2**{p - 1}"
+        if (1 << p) - n < 16:
+            return f"2**{p} - {(1 << p) - n}"
+    return str(n)
+
 
 # -- served by a node: data ----------------------------------------------------
 
@@ -40,10 +88,11 @@ class CompareAndSet(Message):
     groups: list
 
 
-class Scan(Message):
+class Scan(_Ranged, Message):
     """A page of live entries of a partition with a key prefix, after a key: [[key, value], ...]."""
 
     op = "scan"
+    ranges = {"limit": (1, MAX_SCAN_LIMIT)}
     epoch: int
     partition: int
     state: str
@@ -55,10 +104,11 @@ class Scan(Message):
 # -- served by a node: staged micro-batch transactions (see store/staging.py) -------
 
 
-class Stage(Message):
+class Stage(_Ranged, Message):
     """Stage a task attempt's writes: ``groups`` is [[pid, ops], ...]; safe to retry."""
 
     op = "stage"
+    ranges = {"batch": (0, U64), "task": (0, U32), "attempt": (0, U32), "seq": (0, U32)}
     epoch: int
     query: str
     batch: int
@@ -68,10 +118,11 @@ class Stage(Message):
     groups: list
 
 
-class StageDone(Message):
+class StageDone(_Ranged, Message):
     """Every flush of the attempt was acknowledged on these partitions (``groups``: [[pid, None], ...])."""
 
     op = "stage_done"
+    ranges = {"batch": (0, U64), "task": (0, U32), "attempt": (0, U32)}
     epoch: int
     query: str
     batch: int
@@ -80,20 +131,22 @@ class StageDone(Message):
     groups: list
 
 
-class CommitBatch(Message):
+class CommitBatch(_Ranged, Message):
     """Apply the stage of (query, batch) on these partitions; idempotent. Answers [applied?, ...]."""
 
     op = "commit_batch"
+    ranges = {"batch": (0, U64)}
     epoch: int
     query: str
     batch: int
     groups: list
 
 
-class RollbackBatches(Message):
+class RollbackBatches(_Ranged, Message):
     """Undo the query's batches after ``to_batch`` (None: every kept one). Answers [undone count, ...]."""
 
     op = "rollback_batches"
+    ranges = {"to_batch": (0, U64 - 1)}
     epoch: int
     query: str
     to_batch: int | None
@@ -137,28 +190,31 @@ class ApplyTable(Message):
     table: dict
 
 
-class SnapshotPartitions(Message):
+class SnapshotPartitions(_Ranged, Message):
     """Barrier of checkpoint ``checkpoint``: snapshot and upload these partitions; answers their manifests."""
 
     op = "snapshot_partitions"
+    ranges = {"checkpoint": (0, I64)}
     checkpoint: int
     retained: list
     partitions: list
 
 
-class FinishCheckpoint(Message):
+class FinishCheckpoint(_Ranged, Message):
     """Checkpoint ``checkpoint`` completed (its files may be referenced from now on) or was aborted."""
 
     op = "finish_checkpoint"
+    ranges = {"checkpoint": (0, I64)}
     checkpoint: int
     completed: bool
     partitions: list
 
 
-class RestorePartitions(Message):
+class RestorePartitions(_Ranged, Message):
     """Replace these partitions with their copy in a checkpoint (``base``: a savepoint's folder)."""
 
     op = "restore_partitions"
+    ranges = {"checkpoint": (0, I64)}
     checkpoint: int
     partitions: list
     base: str = ""
@@ -215,8 +271,9 @@ class MoveCopy(Message):
     partition: int
 
 
-class MoveChunk(Message):
+class MoveChunk(_Ranged, Message):
     op = "move_chunk"
+    ranges = {"offset": (0, I64), "length": (1, MAX_FRAME)}
     partition: int
     name: str
     offset: int
@@ -292,24 +349,27 @@ class ListCheckpoints(Message):
     op = "list_checkpoints"
 
 
-class RestoreCluster(Message):
+class RestoreCluster(_Ranged, Message):
     """Roll every partition back to a checkpoint (the latest: None) or a savepoint."""
 
     op = "restore_cluster"
+    ranges = {"checkpoint": (0, I64)}
     checkpoint: int | None = None
     savepoint: str | None = None
 
 
-class CreateSavepoint(Message):
+class CreateSavepoint(_Ranged, Message):
     op = "create_savepoint"
+    ranges = {"checkpoint": (0, I64)}
     name: str
     checkpoint: int | None = None
 
 
-class InspectCheckpoint(Message):
+class InspectCheckpoint(_Ranged, Message):
     """A completed checkpoint's _metadata: partitions, sizes, states."""
 
     op = "inspect_checkpoint"
+    ranges = {"checkpoint": (0, I64)}
     checkpoint: int
 
 
@@ -324,10 +384,11 @@ class PipelineProgress(Message):
     record: dict
 
 
-class Events(Message):
+class Events(_Ranged, Message):
     """Cluster events with a sequence number above ``after``, waiting up to ``wait`` seconds for one."""
 
     op = "events"
+    ranges = {"after": (0, None), "wait": (0, None)}
     after: int = 0
     wait: float = 0.0
 
@@ -341,22 +402,24 @@ class Status(Message):
 # -- served by a node: bulk ingestion of SST files (see cluster/ingest.py) -----------
 
 
-class IngestChunk(Message):
+class IngestChunk(_Ranged, Message):
     """Bytes of an SST file being uploaded for ``IngestSst``, written at ``offset``; answers the end offset. Safe to retry."""
 
     op = "ingest_chunk"
+    ranges = {"offset": (0, I64)}
     upload: str
     offset: int
     data: bytes
 
 
-class IngestSst(Message):
+class IngestSst(_Ranged, Message):
     """Ingest upload ``upload`` (``size`` bytes, ``checksum``) into ``state`` of a partition; answers its size.
 
     The upload is removed whatever the outcome; a retry uploads again.
     """
 
     op = "ingest_sst"
+    ranges = {"size": (0, I64)}
     epoch: int
     partition: int
     state: str
