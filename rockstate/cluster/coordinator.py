@@ -215,6 +215,7 @@ class Coordinator:
             "table": self.table.to_wire(),
             "states": [s.to_dict() for s in self.specs.values()],
             "limits": {"max_key_bytes": self.config.max_key_bytes, "max_value_bytes": self.config.max_value_bytes},
+            "heartbeat_timeout": self.config.heartbeat_timeout,  # the node's lease is half of it
             "checkpoints": self.checkpoint_config.model_dump() if self.checkpoints else None,
         }
 
@@ -222,12 +223,19 @@ class Coordinator:
         member = self.members.get(msg.node_id)
         if member is None or member.status == "left":
             raise UnknownNodeError(f"node {msg.node_id} is not a member; register again")
-        if member.status == "dead":
+        if member.status == "dead":  # it was cut off, not gone: partitions restored elsewhere meanwhile stay there
             member.status = "alive"
             self.event("member_returned", node=member.node_id, address=member.address)
             self._save()
+            self._spawn(self._welcome_back(member))
         member.last_seen = time.monotonic()
         return self.table.epoch
+
+    async def _welcome_back(self, member: Member) -> None:
+        """A node back from being cut off learns the current table (it drops what was restored elsewhere), then gets its share."""
+        async with self.table_lock:
+            await member.rpc(self.security).call(p.ApplyTable(table=self.table.to_wire()))
+        await self._rebalance()
 
     async def leave(self, msg: p.Leave, conn) -> dict:
         member = self.members.get(msg.node_id)

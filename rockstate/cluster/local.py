@@ -161,17 +161,18 @@ class LocalCluster:
 
     # -- nodes -------------------------------------------------------------
 
-    def add_node(self, wait: bool = True) -> NodeInfo:
+    def add_node(self, wait: bool = True, coordinator: str | None = None) -> NodeInfo:
+        """``coordinator``: the address the node reaches the coordinator at, if not its own (a proxy, in tests)."""
         data_dir = os.path.join(self.root, f"node{self._next_dir}")
         self._next_dir += 1
-        info = self._start_node(data_dir)
+        info = self._start_node(data_dir, coordinator)
         if wait:
             self.wait_balanced()
         return info
 
-    def _start_node(self, data_dir: str) -> NodeInfo:
+    def _start_node(self, data_dir: str, coordinator: str | None = None) -> NodeInfo:
         config = NodeConfig(
-            coordinator=self.address, host="127.0.0.1", port=0, data_dir=data_dir,
+            coordinator=coordinator or self.address, host="127.0.0.1", port=0, data_dir=data_dir,
             memory_bytes=self.node_memory_bytes, heartbeat_interval=min(0.5, self.heartbeat_timeout / 5),
             **self._security,
         )

@@ -6,6 +6,16 @@ epoch is older than that, gets NOT_OWNER with the node's table epoch; the
 client refreshes its table and retries. A frozen partition (about to move)
 makes writes wait until it is unfrozen or gone; reads go on.
 
+Lease. The node serves data requests only while its last heartbeat that
+the coordinator answered was sent less than half the coordinator's
+``heartbeat_timeout`` ago. The coordinator declares a node dead, and
+restores its partitions elsewhere, only after a whole ``heartbeat_timeout``
+without hearing from it; so a node cut off from the coordinator (but not
+from clients) has stopped serving by then, and no client reads or writes
+the old copy of a partition that lives on elsewhere. The cost: while the
+coordinator is down for longer than half the timeout, nodes answer
+UNAVAILABLE (clients retry) until it is back.
+
 Identity. The node's id is kept in ``<data_dir>/node.json``, so a restarted
 node re-registers as itself and finds its partitions on disk.
 """
@@ -16,6 +26,7 @@ import asyncio
 import logging
 import os
 import shutil
+import time
 
 from ..config import CheckpointConfig, NodeConfig, StoreConfig
 from ..errors import CheckpointsNotConfiguredError, ClusterError, NotOwnerError, PartitionUnavailableError, ProtocolError, RockstateError, UnknownNodeError
@@ -50,6 +61,7 @@ class Node:
         self.frozen: dict[int, asyncio.Event] = {}
         self._retiring: dict[int, asyncio.Future] = {}
         self.released: set[int] = set()  # let go of, waiting for the table that names the new owner
+        self.lease, self.lease_until = 1.0, 0.0  # seconds; time.monotonic() until which it may serve
         self._peers: dict[str, AsyncChannel] = {}
         self.metrics = NodeMetrics()
         self.ingestor = SstIngestor(self)  # bulk-loaded SST files (cluster/ingest.py)
@@ -145,7 +157,11 @@ class Node:
     async def _register(self) -> dict:
         while True:  # the coordinator may not be up yet
             try:
-                return await self.coordinator.call(p.Register(address=self.address, node_id=self.node_id))
+                sent = time.monotonic()
+                reply = await self.coordinator.call(p.Register(address=self.address, node_id=self.node_id))
+                self.lease = reply["heartbeat_timeout"] / 2
+                self.lease_until = sent + self.lease
+                return reply
             except RockstateError as e:
                 if not e.retryable:
                     raise
@@ -175,11 +191,13 @@ class Node:
 
     async def _heartbeat_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.config.heartbeat_interval)
+            await asyncio.sleep(min(self.config.heartbeat_interval, self.lease / 3))  # a few tries per lease
             try:
+                sent = time.monotonic()
                 epoch = await self.coordinator.call(p.Heartbeat(node_id=self.node_id, epoch=self.table.epoch), timeout=5.0)
                 if epoch > self.table.epoch:
                     await self._apply(Table.from_wire(await self.coordinator.call(p.GetTable())))
+                self.lease_until = sent + self.lease  # renewed only with the table the coordinator has now
             except UnknownNodeError:  # it forgot us (we had left): join again
                 await self._register()
             except RockstateError as e:
@@ -225,8 +243,14 @@ class Node:
         if retiring is not None:
             await retiring
 
-    def _check(self, pid: object, epoch: int) -> int:
+    def _check(self, pid: object, epoch: int, leased: bool = True) -> int:
+        """The partition, if this node may serve it at ``epoch`` (and, for client requests, holds its lease)."""
         pid = self.store.check_pid(pid)
+        if leased and time.monotonic() > self.lease_until:
+            silent = time.monotonic() - self.lease_until + self.lease
+            raise PartitionUnavailableError(
+                f"node {self.node_id} has not heard from the coordinator for {silent:.1f}s (lease {self.lease:g}s); "
+                f"it serves partition {pid} again once it does", partition=pid)
         since = self.owned.get(pid)
         if since is None or epoch < since:
             owner = self.table.owners[pid]
@@ -328,7 +352,7 @@ class Node:
         return self.checkpoints
 
     async def snapshot_partitions(self, msg: p.SnapshotPartitions, conn) -> list:
-        pids = [self._check(pid, self.table.epoch) for pid in msg.partitions]
+        pids = [self._check(pid, self.table.epoch, leased=False) for pid in msg.partitions]  # the coordinator asks
         return await self._checkpoints().snapshot(msg.checkpoint, msg.retained, pids)
 
     async def finish_checkpoint(self, msg: p.FinishCheckpoint, conn) -> None:
