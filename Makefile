@@ -4,7 +4,7 @@ STAMP := $(VENV)/.installed
 export PYSPARK_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: setup test demo bench clean
+.PHONY: setup test demo bench soak chaos clean
 
 $(STAMP): pyproject.toml scripts/setup.sh
 	VENV=$(VENV) scripts/setup.sh
@@ -21,6 +21,13 @@ demo: setup
 bench: setup
 	VENV=$(VENV) scripts/setup.sh redis-server
 	@set -e; for f in bench/*.py; do echo "== $$f"; $(PY) $$f; done
+
+soak: setup
+	$(PY) scripts/soak.py
+
+# the pipeline under seeded kills, restarts, joins, leaves and storage faults (make test runs one small seed)
+chaos: setup
+	$(PY) -m rockstate.testing.chaos --seed 1 2 3 4 5 --events 40000 --files 20 --rounds 2
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
