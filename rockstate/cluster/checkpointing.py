@@ -58,12 +58,12 @@ class ClusterCheckpoints:
 
     async def checkpoint(self, manual: bool = True) -> dict:
         async with self.coordinator.table_lock:
+            by_node = self.coordinator.partitions_by_node()  # first: a partition without a live owner begins nothing
             states = {name: spec.to_dict() for name, spec in self.coordinator.specs.items()}
-            return await self._run(self.machine.trigger(time.time(), manual=manual, states=states))
+            return await self._run(self.machine.trigger(time.time(), manual=manual, states=states), by_node)
 
-    async def _run(self, trigger: Trigger) -> dict:
+    async def _run(self, trigger: Trigger, by_node) -> dict:
         chk = trigger.checkpoint_id
-        by_node = self.coordinator.partitions_by_node()
         calls = [member.rpc(self.coordinator.security).call(
             p.SnapshotPartitions(checkpoint=chk, retained=list(trigger.retained), partitions=pids), timeout=self.config.timeout)
             for member, pids in by_node]

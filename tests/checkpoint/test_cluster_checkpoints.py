@@ -3,7 +3,7 @@
 import pytest
 
 from rockstate.cluster.local import LocalCluster, wait_until
-from rockstate.errors import CheckpointsNotConfiguredError, RockstateError
+from rockstate.errors import CheckpointsNotConfiguredError, PartitionUnavailableError, RockstateError
 from rockstate.testing.faults import FaultPlan
 
 from .conftest import wait_for
@@ -98,8 +98,12 @@ def test_failover_waits_out_a_failing_storage_and_never_serves_an_older_state(tm
             with pytest.raises(RockstateError) as unavailable:
                 s.get(on_victim[0])
             assert unavailable.value.retryable
+            for _ in range(2):  # a checkpoint refused for a partition without an owner leaves none in flight
+                with pytest.raises(PartitionUnavailableError):
+                    rs.checkpoint()
             fs.plan = FaultPlan()
             wait_until(lambda: [e for e in rs.backend.events() if e["event"] == "partition_restored"], 30, "the failover")
+            assert rs.checkpoint().id > chk
             values = s.get_many(range(300))
             assert values == ["checkpointed" if i in on_victim else "after" for i in range(300)]
             assert {e["checkpoint"] for e in rs.backend.events() if e["event"] == "partition_restored"} == {chk}
