@@ -28,6 +28,7 @@ soak: setup
 # the pipeline under seeded kills, restarts, joins, leaves and storage faults (make test runs one small seed)
 chaos: setup
 	$(PY) -m rockstate.testing.chaos --seed 1 2 3 4 5 --events 40000 --files 20 --rounds 2
+	$(PY) -m rockstate.testing.chaos --seed 6 7 --events 40000 --files 20 --rounds 2 --storage s3
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

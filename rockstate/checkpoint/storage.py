@@ -102,7 +102,8 @@ class CheckpointStorage:
         if protocol in ("file", "local"):
             options.setdefault("auto_mkdir", True)
         try:
-            self.fs, root = fsspec.core.url_to_fs(url, **options)
+            # a chained URL's options are for the filesystem that stores, keyed by its protocol
+            self.fs, root = fsspec.core.url_to_fs(url, **({protocol: options} if "::" in url else options))
         except (ImportError, ValueError) as exc:
             raise CheckpointStorageError(f"cannot use checkpoint storage {url!r}: {exc}", url=url) from None
         self.url = url

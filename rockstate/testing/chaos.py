@@ -1,7 +1,8 @@
 """The chaos run: the demo's CDC pipeline under a seeded schedule of process deaths, membership changes and storage faults.
 
 ``python -m rockstate.testing.chaos --seed 7`` (``make chaos`` runs several
-seeds at a larger size; ``tests/chaos`` a small one inside ``make test``).
+seeds at a larger size, on a directory and on S3 through moto's server;
+``tests/chaos`` a small one inside ``make test``).
 
 While the exactly-once pipeline materializes the CDC stream, a chaos thread
 carries out a schedule drawn from the seed — per round, in a random order:
@@ -9,7 +10,7 @@ SIGKILL of a state node and later its restart, a node added, a node removed
 gracefully, and the coordinator SIGKILLed and restarted after a pause — each
 a random delay after a random micro-batch. Meanwhile every checkpoint
 storage operation of every process may fail or slow down
-(``faults.FaultyFileSystem``, ``faulty::file://...``).
+(``faults.FaultyFileSystem``: ``faulty::file://...``, ``faulty::s3://...``).
 
 It then checks the output against a fault-free reference, the same
 processor over the same files on an embedded store: every micro-batch's
@@ -21,6 +22,7 @@ injected and what it verified; the exit code is 0 only if all of it holds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -39,6 +41,7 @@ from rich.table import Table
 from ..demo.run import Demo, _equal
 from ..demo.events import chunk
 from .faults import ENV, read_log
+from .moto import ENV as ENV_S3, moto_server, new_bucket
 
 KINDS = ("kill_node", "restart_node", "add_node", "remove_node", "kill_coordinator")
 WAIT = 300.0  # longest wait for the pipeline to reach an action's batch
@@ -104,7 +107,8 @@ class _Columns:
 
 class ChaosRun(Demo):
     def __init__(self, args: argparse.Namespace, root: str, console: Console) -> None:
-        args.storage, args.no_failure = f"faulty::file://{root}/checkpoints", True
+        args.storage = f"faulty::{args.storage_url or f'file://{root}/checkpoints'}"
+        args.no_failure = True
         super().__init__(args, root, console)
         self.schedule = draw_schedule(args.seed, args.files, args.rounds, args.nodes)
         self.rng = random.Random(args.seed)
@@ -118,7 +122,7 @@ class ChaosRun(Demo):
 
     def run(self) -> int:
         a = self.args
-        self.console.print(f"chaos seed {a.seed}: {len(self.schedule)} actions over {a.files} micro-batches; storage faults: "
+        self.console.print(f"chaos seed {a.seed}: {len(self.schedule)} actions over {a.files} micro-batches; checkpoints in {a.storage}, where "
                            f"{a.error_rate:.1%} of operations fail, {a.latency_rate:.0%} wait up to {a.latency * 1000:.0f} ms")
         for action in self.schedule:
             self.console.print(f"  after batch {action.after_batch} + {action.delay:.2f}s: {action.kind}"
@@ -235,6 +239,22 @@ class ChaosRun(Demo):
         self.console.print("chaos: " + ("[bold green]OK[/]" if ok else "[bold red]FAILED[/]"))
 
 
+@contextlib.contextmanager
+def _s3(directory: str):
+    """moto's S3 server, with the environment every process of the run finds it through."""
+    with moto_server(os.path.join(directory, "moto.log")) as endpoint:
+        saved = {name: os.environ.get(name) for name in [*ENV_S3, "AWS_ENDPOINT_URL"]}
+        os.environ.update({**ENV_S3, "AWS_ENDPOINT_URL": endpoint})
+        try:
+            yield endpoint
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rockstate.testing.chaos", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, nargs="+", default=[7], help="one run per seed (default 7)")
@@ -245,14 +265,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--error-rate", type=float, default=0.001, help="share of storage operations that fail (default 0.001)")
     parser.add_argument("--latency-rate", type=float, default=0.1, help="share of storage operations slowed down (default 0.1)")
     parser.add_argument("--latency", type=float, default=0.05, help="longest injected storage latency, seconds (default 0.05)")
+    parser.add_argument("--storage", choices=["file", "s3"], default="file", help="checkpoints in a directory, or in S3 (moto's server)")
     args = parser.parse_args(argv)
     console = Console(width=160)
     failed = []
-    for seed in args.seed:
-        run_args = argparse.Namespace(**{**vars(args), "seed": seed})
-        with tempfile.TemporaryDirectory(prefix=f"rockstate-chaos-{seed}-") as root:
-            if ChaosRun(run_args, root, console).run() != 0:
-                failed.append(seed)
+    with contextlib.ExitStack() as stack:
+        s3 = stack.enter_context(_s3(stack.enter_context(tempfile.TemporaryDirectory()))) if args.storage == "s3" else None
+        for seed in args.seed:
+            run_args = argparse.Namespace(**{**vars(args), "seed": seed, "storage_url": s3 and f"s3://{new_bucket(s3)}/chaos"})
+            with tempfile.TemporaryDirectory(prefix=f"rockstate-chaos-{seed}-") as root:
+                if ChaosRun(run_args, root, console).run() != 0:
+                    failed.append(seed)
     if len(args.seed) > 1:
         console.print(f"chaos: {len(args.seed) - len(failed)} of {len(args.seed)} seeds OK" + (f"; failed: {failed}" if failed else ""))
     return 1 if failed else 0

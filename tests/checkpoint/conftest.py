@@ -7,75 +7,35 @@ test gets its own bucket; the AWS environment variables point at the server.
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import urllib.request
-import uuid
-
 import pytest
 
 import rockstate
 from rockstate.checkpoint.storage import CheckpointStorage
 from rockstate.cluster.local import wait_until
+from rockstate.testing.moto import ENV, moto_server, new_bucket
 
 
 def wait_for(condition, timeout=10.0, interval=0.02, what="condition"):
     return wait_until(condition, timeout, what, interval)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _answers(url: str) -> bool:
-    try:
-        urllib.request.urlopen(url, timeout=0.5).close()
-        return True
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="session")
 def s3_endpoint(tmp_path_factory):
-    port = _free_port()
-    log = open(tmp_path_factory.mktemp("moto") / "moto.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: proc.poll() is not None or _answers(endpoint), timeout=30, what="moto server start")
-        assert proc.poll() is None, "moto server exited at start"
+    with moto_server(str(tmp_path_factory.mktemp("moto") / "moto.log")) as endpoint:
         yield endpoint
-    finally:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
 
 
 @pytest.fixture
 def s3_env(s3_endpoint, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    for name, value in ENV.items():
+        monkeypatch.setenv(name, value)
     return s3_endpoint
 
 
 @pytest.fixture
 def s3_url(s3_env):
-    import s3fs
-
-    bucket = f"rockstate-{uuid.uuid4().hex[:12]}"
-    s3fs.S3FileSystem(endpoint_url=s3_env).mkdir(bucket)
-    return f"s3://{bucket}/checkpoints"
+    return f"s3://{new_bucket(s3_env)}/checkpoints"
 
 
 @pytest.fixture(params=["file", "s3"])
