@@ -38,8 +38,14 @@ BACKOFF = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 
 class ClusterBackend:
     def __init__(self, address: str, *, timeout: float = 30.0, retry_timeout: float = 30.0,
-                 secret: bytes | str | None = None, ssl: SSLContext | None = None) -> None:
-        """``secret``: the cluster's shared secret (default: $ROCKSTATE_SECRET); ``ssl``: a client TLS context."""
+                 secret: bytes | str | None = None, ssl: SSLContext | None = None, wait: bool = False) -> None:
+        """``secret``: the cluster's shared secret (default: $ROCKSTATE_SECRET); ``ssl``: a client TLS context.
+
+        ``wait``: retry the first contact with the coordinator too (a Spark
+        task starting while it restarts); by default a coordinator that cannot
+        be reached at all is reported at once, as a wrong address or a TLS
+        mismatch is, and only later requests are retried.
+        """
         self.address = address
         self.retry_timeout = retry_timeout
         self._timeout = timeout
@@ -49,7 +55,7 @@ class ClusterBackend:
         self._coordinator = self._new_channel(address)
         self._channels: dict[str, Channel] = {}
         self._lock = threading.Lock()
-        self.table: Table = self._fetch_table()
+        self.table: Table = self._fetch_table(retry=wait)
         self.partitions = self.table.partitions
 
     # -- table and channels --------------------------------------------------
@@ -69,8 +75,8 @@ class ClusterBackend:
                     raise ClusterTimeoutError(f"gave up after {self.retry_timeout:g}s reaching the coordinator: {e}") from e
                 time.sleep(BACKOFF[min(attempt, len(BACKOFF) - 1)])
 
-    def _fetch_table(self) -> Table:
-        reply = self._ask(p.GetTable())
+    def _fetch_table(self, retry: bool = True) -> Table:
+        reply = self._ask(p.GetTable()) if retry else self._coordinator.call(p.GetTable())
         self.max_key_bytes = reply["limits"]["max_key_bytes"]
         self.max_value_bytes = reply["limits"]["max_value_bytes"]
         return Table.from_wire(reply)

@@ -39,7 +39,7 @@ class StateClientSpec:
 
     def open_backend(self) -> Backend:
         """A new connection; ``backend_for`` caches one per spec and process."""
-        return ClusterBackend(self.address, timeout=self.timeout, retry_timeout=self.retry_timeout, secret=self.secret)
+        return ClusterBackend(self.address, timeout=self.timeout, retry_timeout=self.retry_timeout, secret=self.secret, wait=True)
 
 
 def as_spec(client: object) -> StateClientSpec:
