@@ -38,13 +38,14 @@ def test_short_soak_passes_and_prints_the_verdict_table():
 def test_verdict_fails_over_the_bound_or_when_the_data_fit_in_the_cap():
     soak = _load_script()
     args = SimpleNamespace(value_bytes=200)
-    cap, margin = 64 * MiB, 100 * MiB
+    idle, cap, margin = 90 * MiB, 64 * MiB, 48 * MiB
+    bound = idle + cap + margin
 
     def verdict(rss_max, sst, died=()):
         samples = {"node-1": [150 * MiB, rss_max]}
-        return soak.report(args, samples, {"node-1": sst}, {"node-1": 130 * MiB}, cap, margin, 10.0, [1000, 100], list(died))
+        return soak.report(args, samples, {"node-1": sst}, {"node-1": idle}, cap, margin, 10.0, [1000, 100], list(died))
 
-    assert verdict(cap + margin, sst=2 * cap) == 0
-    assert verdict(cap + margin + 1, sst=2 * cap) == 1
-    assert verdict(cap + margin, sst=cap) == 1
-    assert verdict(cap + margin, sst=2 * cap, died=["writer 0 (exit code 1)"]) == 1
+    assert verdict(bound, sst=2 * cap) == 0
+    assert verdict(bound + 1, sst=2 * cap) == 1
+    assert verdict(bound, sst=cap) == 1
+    assert verdict(bound, sst=2 * cap, died=["writer 0 (exit code 1)"]) == 1
