@@ -30,6 +30,7 @@ class StoreConfig(Settings):
     max_key_bytes: int = Field(16 * MiB, ge=1, description="largest encoded key")
     max_value_bytes: int = Field(16 * MiB, ge=1, description="largest encoded value")
     ttl_sweep_interval: float = Field(60.0, gt=0, description="seconds between background removals of expired entries")
+    request_window: float = Field(300.0, gt=0, description="seconds a write's request id is kept (see store/requests.py), so a client's retry of it is not applied twice; longer than any client's retry_timeout")
     max_open_files: int = Field(64, ge=-1, description="per partition; -1 keeps every file open")
 
 
@@ -112,6 +113,7 @@ class NodeConfig(Settings):
     heartbeat_interval: float = Field(0.5, gt=0, description="seconds between heartbeats (at most a third of the node's lease, which is half the coordinator's heartbeat_timeout)")
     metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus /metrics port (None: off)")
     ttl_sweep_interval: float = Field(60.0, gt=0, description="seconds between removals of expired entries")
+    request_window: float = Field(300.0, gt=0, description="seconds a write's request id is kept, so a client's retry of it is not applied twice; longer than any client's retry_timeout")
     secret_file: str | None = Field(None, description="file holding the cluster's shared secret (or set ROCKSTATE_SECRET)")
     tls_cert_file: str | None = Field(None, description="PEM certificate this process presents (enables TLS)")
     tls_key_file: str | None = Field(None, description="PEM private key of tls_cert_file")

@@ -120,10 +120,10 @@ class ValueState(_State):
     def compare_and_set(self, key: Any, expected: Any, new: Any) -> bool:
         """Set ``key`` to ``new`` if its value is ``expected`` (None: it has none), atomically; returns whether it did.
 
-        Values compare by their encoding (1 and 1.0 differ). Not retried once
-        sent: on a cluster, a reply lost on its way back raises
-        ``ClusterTimeoutError`` with ``data["maybe_applied"]``, since the
-        compare-and-set may or may not have happened.
+        Values compare by their encoding (1 and 1.0 differ). On a cluster it
+        is retried like a write and applied once; a ``ClusterTimeoutError``
+        (the owner unreachable for ``retry_timeout``) means it may or may not
+        have happened.
         """
         pid, k = self._key(key)
         return self._backend.compare_and_set(self.name, pid, k, None if expected is None else self._value(expected), self._value(new))

@@ -6,14 +6,14 @@ lost connection refreshes the table and retries the groups that failed, until
 ``retry_timeout``; then it raises a ``ClusterTimeoutError`` naming the last
 error. Synchronous and thread-safe: it runs inside Spark executors.
 
-Retries: reads, scans, PUT and DELETE are idempotent. An APPEND whose reply
-was lost may be applied twice (at-least-once). A compare-and-set is retried
-only while nothing can have been applied (see ``compare_and_set``).
+Retries: reads and scans are safe to repeat. Each write and compare-and-set
+carries a request id, the same in all its retries, and the owner applies it
+once (``store/requests.py``), so a retry after a lost reply neither appends
+twice nor overwrites a later write.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 from ssl import SSLContext
 import threading
@@ -25,10 +25,11 @@ from ..checkpoint.coordinator import CheckpointRecord
 from ..checkpoint.manifest import checksum_file
 from ..checkpoint.restore import PartitionRestore, RestoreResult, SkippedCheckpoint
 from ..checkpoint.savepoint import SavepointInfo
-from ..errors import ClusterTimeoutError, ConnectionLostError, NotOwnerError, PartitionUnavailableError, RockstateError, StoreClosedError
+from ..errors import ClusterTimeoutError, ConnectionLostError, PartitionUnavailableError, RockstateError, StoreClosedError
 from ..rpc.client import Channel, call_many
 from ..store import StateSpec
 from . import protocol as p
+from ..store import requests
 from .ingest import upload_and_ingest
 from .security import load_secret
 from .table import Table
@@ -160,7 +161,8 @@ class ClusterBackend:
         return StateSpec.from_dict(self._ask(p.DefineState(spec=spec.to_dict())))
 
     def write(self, ops_by_pid: dict[int, list]) -> None:
-        self._routed(ops_by_pid, lambda epoch, groups: p.Write(epoch=epoch, groups=groups))
+        request = requests.new_id()
+        self._routed(ops_by_pid, lambda epoch, groups: p.Write(epoch=epoch, groups=groups, request=request))
 
     def get_many(self, state: str, keys_by_pid: dict[int, list[bytes]]) -> dict[int, list[bytes | None]]:
         return self._routed(keys_by_pid, lambda epoch, groups: p.Read(epoch=epoch, state=state, groups=groups))
@@ -168,14 +170,13 @@ class ClusterBackend:
     def compare_and_set(self, state: str, pid: int, key: bytes, expected: bytes | None, new: bytes) -> bool:
         """Atomically on the partition's owner; answers whether it applied.
 
-        Retried like a write while nothing can have been applied (NOT_OWNER, a
-        moving partition, no connection to the owner) until ``retry_timeout``.
-        A transport failure once the request may have reached the owner is not
-        retried, since a second attempt could not tell whether the first
-        applied: it raises ``ClusterTimeoutError`` with ``data["maybe_applied"]``.
+        Retried like a write until ``retry_timeout``: its request id makes the
+        owner answer a retry with the first attempt's outcome. A
+        ``ClusterTimeoutError`` therefore means it may or may not have applied.
         """
-        return self._on_owner(pid, lambda channel, epoch: self._call_once(
-            channel, p.CompareAndSet(epoch=epoch, groups=[[pid, [state, key, expected, new]]]))[0])
+        request = requests.new_id()
+        return self._on_owner(pid, lambda channel, epoch: channel.call(
+            p.CompareAndSet(epoch=epoch, groups=[[pid, [state, key, expected, new]]], request=request))[0])
 
     def _on_owner(self, pid: int, call: Callable[[Channel, int], Any]) -> Any:
         """``call(channel to pid's owner, table epoch)``, retried on NOT_OWNER, a moving partition or a
@@ -189,24 +190,10 @@ class ClusterBackend:
                     raise PartitionUnavailableError(f"partition {pid} has no live owner", partition=pid)
                 return call(self._channel(address), table.epoch)
             except RockstateError as e:
-                if not e.retryable or e.data.get("maybe_applied"):
+                if not e.retryable:
                     raise
                 self._back_off(deadline, attempt, e, [pid])
         raise AssertionError("unreachable")
-
-    def _call_once(self, channel: Channel, msg: p.CompareAndSet) -> Any:
-        """A call that is not safe to repeat: a transport failure after the request may have gone out is final."""
-        with contextlib.ExitStack() as stack:
-            conn = stack.enter_context(channel._connection(self._timeout))  # failing here: nothing was sent
-            try:
-                return conn.call(msg, self._timeout)
-            except (NotOwnerError, PartitionUnavailableError):
-                raise  # refused before anything was applied
-            except RockstateError as e:
-                if not e.retryable:
-                    raise
-                raise ClusterTimeoutError(f"{msg.op} on {channel.address}: {e}; it may or may not have been applied",
-                                          maybe_applied=True, partitions=[pid for pid, _ in msg.groups]) from e
 
     def scan(self, state: str, pid: int, prefix: bytes, after: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
         return self._on_owner(pid, lambda channel, epoch: [tuple(entry) for entry in channel.call(

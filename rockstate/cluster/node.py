@@ -32,7 +32,7 @@ from ..config import CheckpointConfig, NodeConfig, StoreConfig
 from ..errors import CheckpointsNotConfiguredError, ClusterError, NotOwnerError, PartitionUnavailableError, ProtocolError, RockstateError, UnknownNodeError
 from ..rpc.client import AsyncChannel
 from ..rpc.server import Server
-from ..store import DELETE_MANY, PUT, PUT_MANY, StateSpec, Store, staging
+from ..store import DELETE_MANY, PUT, PUT_MANY, StateSpec, Store, requests, staging
 from ..store.partition import check_ops, check_size
 from ..store.store import read_json, write_json
 from . import protocol as p
@@ -132,6 +132,7 @@ class Node:
             max_key_bytes=reply["limits"]["max_key_bytes"],
             max_value_bytes=reply["limits"]["max_value_bytes"],
             ttl_sweep_interval=self.config.ttl_sweep_interval,
+            request_window=self.config.request_window,
         )
         self.store = Store(os.path.join(self.data_dir, "store"), store_config, owned=[])
         self.move_source, self.move_target = MoveSource(self.store), MoveTarget(self.store)
@@ -269,16 +270,19 @@ class Node:
             check_ops(ops, specs, f"partition {pid}", config.max_key_bytes, config.max_value_bytes)
 
     async def write(self, msg: p.Write, conn) -> None:
+        requests.check_id(msg.request, msg.op)
         groups = await self._writable(msg)
         self._check_ops(groups)
         for pid, ops in groups:
             try:
-                self.store.write(pid, ops)
+                applied = self.store.write(pid, ops, msg.request)
             except (KeyError, TypeError, ValueError) as e:
                 raise _not_bytes(e, f"ops of partition {pid}")
-            self.metrics.keys_written.inc(sum(len(op[2]) if op[0] in (PUT_MANY, DELETE_MANY) else 1 for op in ops))
+            if applied:
+                self.metrics.keys_written.inc(sum(len(op[2]) if op[0] in (PUT_MANY, DELETE_MANY) else 1 for op in ops))
 
     async def compare_and_set(self, msg: p.CompareAndSet, conn) -> list:
+        requests.check_id(msg.request, msg.op)
         groups = await self._writable(msg)
         for pid, cas in groups:
             if type(cas) is not list or len(cas) != 4 or type(cas[0]) is not str or type(cas[1]) is not bytes \
@@ -289,7 +293,7 @@ class Node:
             if spec is not None:  # an unknown state fails as it is read
                 config = self.store.config
                 check_size(spec, PUT, cas[1], cas[3], f"the compare-and-set of partition {pid}", config.max_key_bytes, config.max_value_bytes)
-        return [self.store.partition(pid).compare_and_set(*cas) for pid, cas in groups]
+        return [requests.compare_and_set_once(self.store.partition(pid), *cas, msg.request) for pid, cas in groups]
 
     async def read(self, msg: p.Read, conn) -> list:
         groups = [(self._check(pid, msg.epoch), keys) for pid, keys in _groups(msg)]

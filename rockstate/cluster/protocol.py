@@ -4,7 +4,8 @@ Data operations name the client's table ``epoch``: a node refuses (NOT_OWNER)
 a request for a partition it does not own, or whose epoch is older than the
 epoch at which the node became the partition's owner (fencing clients that
 still route by a table from before a move). Reads and scans are safe to
-retry; a ``Write`` is idempotent for PUT/DELETE ops and not for APPEND.
+retry; a ``Write`` or ``CompareAndSet`` carrying a ``request`` id is applied
+once however often it is sent (see ``store/requests.py``).
 
 Numeric fields with a range (a scan's limit, batch and task numbers,
 checkpoint ids, offsets, waits) name it in ``ranges``; a message out of range
@@ -63,11 +64,13 @@ def _show(n: float) -> str:
 
 
 class Write(Message):
-    """Apply ops to several partitions of one owner: ``groups`` is [[pid, ops], ...]; each group is atomic."""
+    """Apply ops to several partitions of one owner: ``groups`` is [[pid, ops], ...]; each group is atomic,
+    and applied once per ``request`` id (16 bytes; None: every time it is sent)."""
 
     op = "write"
     epoch: int
     groups: list
+    request: bytes | None = None
 
 
 class Read(Message):
@@ -81,11 +84,13 @@ class Read(Message):
 
 class CompareAndSet(Message):
     """Per group ``[pid, [state, key, expected, new]]``: store ``new`` if the key's value is ``expected``
-    (None: absent), atomically on the owner; answers [applied?, ...]. Not safe to retry once sent."""
+    (None: absent), atomically on the owner; answers [applied?, ...]. With a ``request`` id, a retry is
+    answered with the first attempt's outcome; without one it is not safe to retry once sent."""
 
     op = "compare_and_set"
     epoch: int
     groups: list
+    request: bytes | None = None
 
 
 class Scan(_Ranged, Message):

@@ -18,6 +18,7 @@ from typing import Iterable
 
 from ..config import StoreConfig
 from ..errors import PartitionCountError, PartitionRangeError, PartitionUnavailableError, StoreClosedError, StoreLockedError
+from . import requests
 from .catalog import StateSpec
 from .partition import Partition, Resources
 
@@ -142,8 +143,9 @@ class Store:
 
     # -- operations (the node serves these per partition) ----------------
 
-    def write(self, pid: int, ops) -> None:
-        self.partition(pid).write(ops)
+    def write(self, pid: int, ops, request: bytes | None = None) -> bool:
+        """Apply ``ops`` to partition ``pid`` once per ``request`` id; answers whether they applied now."""
+        return requests.write_once(self.partition(pid), ops, request)
 
     def get_many(self, pid: int, state: str, keys: list[bytes]) -> list[bytes | None]:
         return self.partition(pid).get_many(state, keys)
@@ -172,6 +174,15 @@ class Store:
     def _sweep_loop(self) -> None:
         while not self._stop.wait(self.config.ttl_sweep_interval):
             self.sweep_expired()
+            self.forget_requests()
+
+    def forget_requests(self, now: float | None = None) -> None:
+        """Drop request ids older than ``request_window`` (see store/requests.py)."""
+        for pid in self.owned():
+            try:
+                requests.forget_older(self.partition(pid), self.config.request_window, now)
+            except (StoreClosedError, PartitionUnavailableError):
+                continue  # closed or moved away meanwhile
 
     def sweep_expired(self) -> int:
         removed = 0
