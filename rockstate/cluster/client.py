@@ -277,8 +277,9 @@ class ClusterBackend:
 class Subscription:
     """A thread that long-polls the coordinator for events; ``close()`` stops it.
 
-    Events are delivered in order, each once; a coordinator restart starts its
-    sequence again, which the subscription notices and follows.
+    Events are delivered in order, each once. A restarted coordinator keeps
+    numbering where it stopped (cluster/events.py); one started without its
+    data dir counts from 1 again, which the subscription notices and follows.
     """
 
     POLL = 1.0
@@ -296,7 +297,7 @@ class Subscription:
             except RockstateError:
                 self._stop.wait(self.POLL)  # the coordinator is away; try again
                 continue
-            if events and events[0]["seq"] <= self.after:  # the coordinator restarted: its numbering too
+            if events and events[0]["seq"] <= self.after:  # a coordinator without its old log: numbering restarted
                 self.after = 0
             for event in events:
                 if event["seq"] > self.after:
