@@ -159,6 +159,13 @@ class Resources:
         opts.set_max_open_files(self.max_open_files)
         table = BlockBasedOptions()
         table.set_block_cache(self.cache)
+        # Index and filter blocks are charged to the cache too, so memory_bytes bounds them whatever the
+        # data size (L0's stay pinned: every lookup reads them). The bloom filter spares a lookup of an
+        # absent key (a key's first sight, a request id) the data block reads: 2.3x as many such gets/s,
+        # present keys within noise (measured at 600 MB past a 64 MiB cache).
+        table.set_bloom_filter(10, False)
+        table.set_cache_index_and_filter_blocks(True)
+        table.set_pin_l0_filter_and_index_blocks_in_cache(True)
         opts.set_block_based_table_factory(table)
         opts.set_write_buffer_manager(self.write_buffers)
         return opts
