@@ -26,7 +26,7 @@ class StoreConfig(Settings):
     """One process's RocksDB store (embedded, or a node's partitions)."""
 
     partitions: int = Field(128, ge=1, le=65536, description="P: partition count, fixed at creation")
-    memory_bytes: int = Field(256 * MiB, ge=8 * MiB, description="block cache + memtables of all partitions")
+    memory_bytes: int = Field(256 * MiB, ge=8 * MiB, description="block cache of all partitions, which holds their memtables, index and bloom filter blocks too")
     max_key_bytes: int = Field(16 * MiB, ge=1, description="largest encoded key")
     max_value_bytes: int = Field(16 * MiB, ge=1, description="largest encoded value")
     ttl_sweep_interval: float = Field(60.0, gt=0, description="seconds between background removals of expired entries")
@@ -109,7 +109,7 @@ class NodeConfig(Settings):
     host: str = Field("127.0.0.1", description="address to listen on, and to advertise")
     port: int = Field(0, ge=0, le=65535, description="port to listen on (0: any free port)")
     data_dir: str = Field("./rockstate-node", description="the node's partitions and identity")
-    memory_bytes: int = Field(256 * MiB, ge=8 * MiB, description="RocksDB block cache + memtables of all its partitions")
+    memory_bytes: int = Field(256 * MiB, ge=8 * MiB, description="RocksDB block cache of all its partitions, which holds their memtables, index and bloom filter blocks too")
     heartbeat_interval: float = Field(0.5, gt=0, description="seconds between heartbeats (at most a third of the node's lease, which is half the coordinator's heartbeat_timeout)")
     metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus /metrics port (None: off)")
     ttl_sweep_interval: float = Field(60.0, gt=0, description="seconds between removals of expired entries")

@@ -16,20 +16,19 @@ proves nothing).
 The bound starts from each node's own idle RSS, read before the first write,
 because that baseline is the interpreter and the node's imports (numpy,
 pyarrow, pydantic, rocksdict, fsspec...) and depends on the machine, not on
-the data: 90 MiB on one machine, 122 MiB on another, both before any write. The margin is what RocksDB uses beyond
-``memory_bytes`` (the block cache, with the memtables charged to it). Measured
-(Python 3.11, rocksdict 0.3.29, 3 nodes, 16 partitions, 600 s, 2 cores):
-under load RSS rises within seconds and then stays flat at idle + cap +
-~14-27 MiB (+14 at a 16 MiB cap here, +11 on the other machine, +26 at
-64 MiB after 600 s with ~800 MB per node). That part is the open SST files'
-index blocks (``cache_index_and_filter_blocks`` is off; ~3 MiB per GB of a
-node's data, so it grows slowly with the data, up to ``max_open_files`` files
-per partition), flush and compaction buffers, the cache's per-block metadata
-and malloc slack, plus request buffers.
+the data: 90 MiB on one machine, 122 MiB on another, both before any write.
+The margin is what RocksDB uses beyond ``memory_bytes`` (the block cache, with
+the memtables, index and bloom filter blocks charged to it). Measured (Python
+3.11, rocksdict 0.3.29, 3 nodes, 16 partitions, 2 cores): under load RSS
+rises over the first minutes and then stays flat; its largest sample was
+idle + cap + 11 to 26 MiB (+14 at a 16 MiB cap for 15 s, +11 on the other
+machine; at 64 MiB for 600 s, 700-900 MB per node: median +16, max +26).
+That part is flush and compaction buffers, the cache's per-block metadata,
+malloc slack and request buffers; it does not grow with the data, since the
+index and filter blocks are in the cache (before they were, they added ~3 MiB
+per GB of a node's data, and the median was ~10 MiB higher at 500 MB/node).
 
-So the default margin is 48 MiB: the ~26 MiB measured at ~1 GB of data per
-node plus ~22 MiB of headroom. For a larger cap or a longer run (more data per
-node), pass a larger ``--margin-mib``.
+So the default margin is 48 MiB: the 26 MiB measured plus 22 MiB of headroom.
 """
 
 from __future__ import annotations
