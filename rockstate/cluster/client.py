@@ -27,9 +27,8 @@ from ..checkpoint.restore import PartitionRestore, RestoreResult, SkippedCheckpo
 from ..checkpoint.savepoint import SavepointInfo
 from ..errors import ClusterTimeoutError, ConnectionLostError, PartitionUnavailableError, RockstateError, StoreClosedError
 from ..rpc.client import Channel, call_many
-from ..store import StateSpec
+from ..store import StateSpec, requests
 from . import protocol as p
-from ..store import requests
 from .ingest import upload_and_ingest
 from .security import load_secret
 from .table import Table
