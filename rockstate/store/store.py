@@ -14,7 +14,7 @@ import fcntl
 import json
 import os
 import threading
-from typing import Iterable
+from typing import Callable, Iterable
 
 from ..config import StoreConfig
 from ..errors import PartitionCountError, PartitionRangeError, PartitionUnavailableError, StoreClosedError, StoreLockedError
@@ -178,23 +178,21 @@ class Store:
 
     def forget_requests(self, now: float | None = None) -> None:
         """Drop request ids older than ``request_window`` (see store/requests.py)."""
-        for pid in self.owned():
-            try:
-                requests.forget_older(self.partition(pid), self.config.request_window, now)
-            except (StoreClosedError, PartitionUnavailableError):
-                continue  # closed or moved away meanwhile
+        self._each_owned(lambda part: requests.forget_older(part, self.config.request_window, now))
 
     def sweep_expired(self) -> int:
-        removed = 0
-        for name, spec in list(self.specs.items()):
-            if spec.ttl is None:
+        return sum(self._each_owned(lambda part: part.sweep_expired(name, should_stop=self._stop.is_set))
+                   for name, spec in list(self.specs.items()) if spec.ttl is not None)
+
+    def _each_owned(self, work: Callable[[Partition], int | None]) -> int:
+        """``work`` on every owned partition, but one closed or moved away meanwhile; the sum of its answers."""
+        total = 0
+        for pid in self.owned():
+            try:
+                total += work(self.partition(pid)) or 0
+            except (StoreClosedError, PartitionUnavailableError):
                 continue
-            for pid in self.owned():
-                try:
-                    removed += self.partition(pid).sweep_expired(name, should_stop=self._stop.is_set)
-                except (StoreClosedError, PartitionUnavailableError):
-                    continue  # closed or moved away meanwhile
-        return removed
+        return total
 
     def close(self) -> None:
         if self._lock_file is None:

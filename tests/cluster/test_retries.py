@@ -17,6 +17,8 @@ from rockstate.rpc.client import Channel
 from rockstate.serde import encode_key, encode_value
 from rockstate.store import APPEND, requests
 
+from .test_linearizability import keys_for
+
 _HEADER = struct.Struct(">I")  # rpc/frames.py: a frame is a 4-byte big-endian body length, then the body
 
 
@@ -112,7 +114,7 @@ def test_appends_whose_replies_are_lost_are_applied_once(one_node):
         for i in range(3):
             log.append("k", i)
         assert proxy.dropped == 3
-        keys = _one_key_per_partition(rs)
+        keys = keys_for(rs)
         proxy.drops = 1
         append_at(rs, keys, "x")  # one request to several partitions
         append_at(rs, keys, "y")
@@ -153,18 +155,10 @@ def test_a_malformed_request_id_is_refused_and_the_node_keeps_serving(one_node):
         assert rs.value_state("v").get("kept") == 1
 
 
-def _one_key_per_partition(rs) -> list[int]:
-    firsts = {}
-    for k in range(1000):
-        firsts.setdefault(rs.partition_of(k), k)
-    assert len(firsts) == rs.partitions
-    return sorted(firsts.values())
-
-
 def test_a_retry_after_a_move_is_not_applied_again(tmp_path, monkeypatch):
     """The ids move with the partition: a request applied at the old owner and retried at the new one."""
     with LocalCluster(nodes=1, partitions=8, root=str(tmp_path)) as cluster, cluster.connect() as rs:
-        log, keys = rs.list_state("log"), _one_key_per_partition(rs)
+        log, keys = rs.list_state("log"), keys_for(rs)
         monkeypatch.setattr(requests, "new_id", lambda: b"the same request")  # every write: one retried request
         for k in keys:
             log.append(k, "once")
@@ -184,7 +178,7 @@ def test_a_retry_after_a_failover_applies_what_the_checkpoint_lost_once(tmp_path
     url = (tmp_path / "checkpoints").as_uri()
     with LocalCluster(nodes=2, partitions=6, root=str(tmp_path / "c"), checkpoints=url, heartbeat_timeout=1.0) as cluster:
         with cluster.connect(retry_timeout=30) as rs:
-            log, keys = rs.list_state("log"), _one_key_per_partition(rs)
+            log, keys = rs.list_state("log"), keys_for(rs)
             ids = iter([b"before the check", b"after the checkp"] * 2)
             monkeypatch.setattr(requests, "new_id", lambda: next(ids))
             append_at(rs, keys, "before")
