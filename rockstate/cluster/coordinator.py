@@ -28,7 +28,7 @@ from ..store import StateSpec
 from ..store.catalog import unknown_state
 from ..store.store import read_json, write_json
 from . import protocol as p
-from .assignment import assign
+from ..control.assignment import assign
 from .checkpointing import ClusterCheckpoints
 from .events import EventLog
 from .security import Security

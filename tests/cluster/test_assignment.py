@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rockstate.cluster.assignment import assign, counts, moves
+from rockstate.control.assignment import assign, counts, moves
 from rockstate.errors import ClusterError, InvalidInputError
 
 FAST = settings(max_examples=60, deadline=None)

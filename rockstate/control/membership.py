@@ -1,0 +1,128 @@
+"""The coordinator's members: who they are, where they listen, whether they are alive.
+
+States of one member::
+
+    register() ──▶ ALIVE ── silent for heartbeat_timeout (expire()) ──▶ DEAD
+                   ▲  │ ◀──────────── heartbeat() or register() ────────┘
+                   │  └── leave(others=True) ──▶ LEAVING ── left() ──▶ LEFT
+                   │  └── leave(others=False): the last node ──▶ DEAD
+                   └──────────────── register() ◀── LEFT (a new start)
+
+- ``register(node_id, address, now)``: a new id (``node-N``) when the node
+  has none or is unknown under it; answers the id and whether it joined
+  (False: a known member returned).
+- ``heartbeat(node_id, now)``: keeps a member alive; answers True when it
+  was DEAD (cut off, not gone: partitions restored elsewhere meanwhile stay
+  there). A LEFT or unknown member is told to register again
+  (``UnknownNodeError``).
+- ``expire(now)``: the ALIVE members silent for longer than the timeout
+  become DEAD; answers them.
+- ``leave`` / ``left``: a graceful leave; a LEAVING member still gets the
+  table (its partitions move off it) but is not a target.
+
+A restarted coordinator loads the members with ``last_seen`` = now, giving
+each a whole timeout to check in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from ..errors import UnknownNodeError
+
+
+class MemberStatus(StrEnum):
+    ALIVE = "alive"
+    DEAD = "dead"
+    LEAVING = "leaving"
+    LEFT = "left"
+
+
+@dataclass
+class Member:
+    node_id: str
+    address: str
+    status: MemberStatus = MemberStatus.ALIVE
+    last_seen: float = 0.0  # monotonic
+
+
+class Membership:
+    def __init__(self, heartbeat_timeout: float, members: dict[str, Member] | None = None, next_id: int = 1) -> None:
+        self.heartbeat_timeout = heartbeat_timeout
+        self.members: dict[str, Member] = members or {}
+        self.next_id = next_id
+
+    @classmethod
+    def from_wire(cls, heartbeat_timeout: float, saved: dict, now: float) -> "Membership":
+        members = {nid: Member(nid, m["address"], MemberStatus(m["status"]), now) for nid, m in saved.get("members", {}).items()}
+        return cls(heartbeat_timeout, members, saved.get("next_id", 1))
+
+    def to_wire(self) -> dict:
+        return {"members": {m.node_id: {"address": m.address, "status": str(m.status)} for m in self.members.values()},
+                "next_id": self.next_id}
+
+    def __getitem__(self, node_id: str) -> Member:
+        return self.members[node_id]
+
+    def get(self, node_id: str | None) -> Member | None:
+        return self.members.get(node_id) if node_id is not None else None
+
+    def alive(self) -> list[Member]:
+        return [m for m in self.members.values() if m.status is MemberStatus.ALIVE]
+
+    def serving(self, node_id: str | None) -> bool:
+        """Whether the node holds its partitions' data and answers: alive, or leaving."""
+        m = self.get(node_id)
+        return m is not None and m.status in (MemberStatus.ALIVE, MemberStatus.LEAVING)
+
+    def addresses(self) -> dict[str, str]:
+        return {m.node_id: m.address for m in self.members.values()}
+
+    def statuses(self) -> dict[str, MemberStatus]:
+        return {m.node_id: m.status for m in self.members.values()}
+
+    # -- events ------------------------------------------------------------------
+
+    def register(self, node_id: str | None, address: str, now: float) -> tuple[str, bool]:
+        joined = node_id is None or node_id not in self.members
+        if node_id is None:
+            node_id = f"node-{self.next_id}"
+            self.next_id += 1
+        member = self.members.setdefault(node_id, Member(node_id, address))
+        member.address, member.status, member.last_seen = address, MemberStatus.ALIVE, now
+        return node_id, joined
+
+    def heartbeat(self, node_id: str, now: float) -> bool:
+        member = self.members.get(node_id)
+        if member is None or member.status is MemberStatus.LEFT:
+            raise UnknownNodeError(f"node {node_id} is not a member; register again")
+        returned = member.status is MemberStatus.DEAD
+        if returned:
+            member.status = MemberStatus.ALIVE
+        member.last_seen = now
+        return returned
+
+    def expire(self, now: float) -> list[Member]:
+        dead = [m for m in self.alive() if now - m.last_seen > self.heartbeat_timeout]
+        for m in dead:
+            m.status = MemberStatus.DEAD
+        return dead
+
+    def checked_in_since(self, started: float) -> bool:
+        """Every live member has been heard from since ``started`` (a restarted coordinator waits for it)."""
+        return all(m.last_seen > started for m in self.alive())
+
+    def leave(self, node_id: str) -> bool:
+        """A graceful leave begins; False when no other node is alive to take its partitions (it is DEAD then)."""
+        member = self.members.get(node_id)
+        if member is None:
+            raise UnknownNodeError(f"node {node_id} is not a member")
+        if not any(m.node_id != node_id for m in self.alive()):
+            member.status = MemberStatus.DEAD  # its partitions wait on its disk for its return
+            return False
+        member.status = MemberStatus.LEAVING
+        return True
+
+    def left(self, node_id: str) -> None:
+        self.members[node_id].status = MemberStatus.LEFT

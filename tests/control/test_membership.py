@@ -1,0 +1,57 @@
+"""The coordinator's members, driven by hand: registrations, heartbeats and times in."""
+
+import pytest
+
+from rockstate.control.membership import Membership, MemberStatus
+from rockstate.errors import UnknownNodeError
+
+A, B = "10.0.0.1:7701", "10.0.0.2:7701"
+
+
+def test_register_heartbeat_expire_and_return():
+    ms = Membership(heartbeat_timeout=5.0)
+    assert ms.register(None, A, 0.0) == ("node-1", True)
+    assert ms.register(None, B, 1.0) == ("node-2", True)
+    assert ms.register("node-1", "10.0.0.9:7701", 2.0) == ("node-1", False)  # a restart, at a new address
+    assert ms.addresses() == {"node-1": "10.0.0.9:7701", "node-2": B}
+    assert ms.register("node-7", A, 2.0) == ("node-7", True)  # unknown under its old id: it joins as itself
+    assert ms.heartbeat("node-2", 4.0) is False
+    assert ms.expire(6.9) == [] and [m.node_id for m in ms.expire(7.1)] == ["node-1", "node-7"]
+    assert ms["node-1"].status is MemberStatus.DEAD and ms.expire(100.0) == [ms["node-2"]]
+    assert ms.heartbeat("node-1", 101.0) is True  # back from being cut off
+    assert ms["node-1"].status is MemberStatus.ALIVE and ms.heartbeat("node-1", 102.0) is False
+    with pytest.raises(UnknownNodeError, match="register again"):
+        ms.heartbeat("node-9", 102.0)
+
+
+def test_leaving_and_the_last_node():
+    ms = Membership(heartbeat_timeout=5.0)
+    ms.register(None, A, 0.0)
+    ms.register(None, B, 0.0)
+    assert ms.leave("node-1") is True and ms["node-1"].status is MemberStatus.LEAVING
+    assert ms.serving("node-1") and [m.node_id for m in ms.alive()] == ["node-2"]
+    ms.heartbeat("node-1", 1.0)
+    assert ms["node-1"].status is MemberStatus.LEAVING  # a heartbeat does not stop a leave
+    ms.left("node-1")
+    assert not ms.serving("node-1")
+    with pytest.raises(UnknownNodeError):
+        ms.heartbeat("node-1", 2.0)
+    assert ms.leave("node-2") is False and ms["node-2"].status is MemberStatus.DEAD  # its partitions wait on its disk
+    with pytest.raises(UnknownNodeError):
+        ms.leave("node-3")
+
+
+def test_the_members_survive_a_restart_with_a_fresh_timeout():
+    ms = Membership(5.0)
+    ms.register(None, A, 0.0)
+    ms.register(None, B, 0.0)
+    ms.expire(10.0)
+    ms.register("node-2", B, 11.0)
+    saved = ms.to_wire()
+    assert saved == {"members": {"node-1": {"address": A, "status": "dead"}, "node-2": {"address": B, "status": "alive"}}, "next_id": 3}
+    again = Membership.from_wire(5.0, saved, now=500.0)
+    assert again.statuses() == {"node-1": MemberStatus.DEAD, "node-2": MemberStatus.ALIVE}
+    assert not again.checked_in_since(500.0) and again.expire(504.0) == []
+    again.heartbeat("node-2", 501.0)
+    assert again.checked_in_since(500.0)
+    assert again.register(None, A, 502.0) == ("node-3", True)
