@@ -15,13 +15,14 @@ import time
 from typing import TYPE_CHECKING
 
 from ..checkpoint.actions import collect_garbage, load_coordinator, remove_aborted, write_metadata
-from ..checkpoint.coordinator import Aborted, CheckpointPolicy, Trigger, WriteMetadata
+from ..checkpoint.coordinator import Aborted, CheckpointCoordinator, CheckpointPolicy, Trigger, WriteMetadata
 from ..checkpoint.restore import SkippedCheckpoint, candidates, load_metadata
 from ..checkpoint.savepoint import create_savepoint, list_savepoints, read_savepoint
 from ..checkpoint.storage import CheckpointStorage
 from ..config import CheckpointConfig
 from ..errors import (CheckpointAbortedError, CheckpointError, CheckpointNotFoundError, CheckpointStorageError,
                       CorruptCheckpointError, RockstateError)
+from ..retry import Retry
 from ..store import StateSpec
 from . import protocol as p
 
@@ -30,26 +31,28 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+STORAGE_RETRY = Retry(deadline=15.0, initial=0.2, maximum=8.0)
+
 
 class ClusterCheckpoints:
     def __init__(self, coordinator: "Coordinator", config: CheckpointConfig) -> None:
         self.coordinator = coordinator
         self.config = config
         self.storage = CheckpointStorage(config.url, config.storage_options, config.cluster, config.transfer_threads)
-        policy = CheckpointPolicy(config.retained, config.interval, config.timeout, config.min_pause, config.tolerable_failures)
-        self.machine = self._load(policy)
+        self.policy = CheckpointPolicy(config.retained, config.interval, config.timeout, config.min_pause, config.tolerable_failures)
+        self.machine: CheckpointCoordinator | None = None  # read from the storage by ``open``
         self.last_restore: dict | None = None
 
-    def _load(self, policy: CheckpointPolicy):
-        """What the storage holds; a failing storage is retried for a while (a crash loop helps nobody)."""
-        for delay in (0.2, 0.5, 1, 2, 4, 8, None):
+    async def open(self) -> None:
+        """Read what the storage holds; a failing storage is retried for a while (a crash loop helps nobody)."""
+        def load() -> CheckpointCoordinator:
             try:
-                return load_coordinator(self.storage, self.coordinator.table.partitions, policy)
+                return load_coordinator(self.storage, self.coordinator.table.partitions, self.policy)
             except CheckpointStorageError as exc:
-                if delay is None:
-                    raise
-                log.warning("reading the checkpoints in %s failed (%s); retrying in %ss", self.storage.url, exc, delay)
-                time.sleep(delay)
+                log.warning("reading the checkpoints in %s failed (%s); retrying", self.storage.url, exc)
+                raise
+
+        self.machine = await STORAGE_RETRY.acall(asyncio.to_thread, load)
 
     def latest(self) -> int | None:
         return self.machine.latest_completed

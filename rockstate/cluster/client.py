@@ -14,10 +14,8 @@ twice nor overwrites a later write.
 
 from __future__ import annotations
 
-import itertools
 from ssl import SSLContext
 import threading
-import time
 from typing import Any, Callable
 
 from ..api import Rockstate
@@ -26,14 +24,13 @@ from ..checkpoint.manifest import checksum_file
 from ..checkpoint.restore import PartitionRestore, RestoreResult, SkippedCheckpoint
 from ..checkpoint.savepoint import SavepointInfo
 from ..errors import ClusterTimeoutError, ConnectionLostError, PartitionUnavailableError, RockstateError, StoreClosedError
+from ..retry import Retry
 from ..rpc.client import Channel, call_many
 from ..store import StateSpec, requests
 from . import protocol as p
 from .ingest import upload_and_ingest
 from .security import load_secret
 from .table import Table
-
-BACKOFF = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 
 
 class ClusterBackend:
@@ -48,6 +45,7 @@ class ClusterBackend:
         """
         self.address = address
         self.retry_timeout = retry_timeout
+        self.retry = Retry(deadline=retry_timeout)
         self._timeout = timeout
         self._secret = load_secret(None) if secret is None else secret
         self._ssl = ssl
@@ -66,14 +64,9 @@ class ClusterBackend:
         Only for requests that may be repeated: reads, idempotent updates, and
         a checkpoint trigger (a second checkpoint is harmless).
         """
-        deadline = time.monotonic() + self.retry_timeout
-        for attempt in itertools.count():
-            try:
-                return self._coordinator.call(msg, timeout)
-            except ConnectionLostError as e:
-                if time.monotonic() > deadline:
-                    raise ClusterTimeoutError(f"gave up after {self.retry_timeout:g}s reaching the coordinator: {e}") from e
-                time.sleep(BACKOFF[min(attempt, len(BACKOFF) - 1)])
+        return self.retry.replace(retry_on=lambda e: isinstance(e, ConnectionLostError)).call(
+            self._coordinator.call, msg, timeout,
+            give_up=lambda e: ClusterTimeoutError(f"gave up after {self.retry_timeout:g}s reaching the coordinator: {e}"))
 
     def _fetch_table(self, retry: bool = True) -> Table:
         reply = self._ask(p.GetTable()) if retry else self._coordinator.call(p.GetTable())
@@ -104,9 +97,8 @@ class ClusterBackend:
         """Send each partition's group to its owner, one request per owner; retry what failed."""
         results: dict[int, Any] = {}
         pending = dict(groups)
-        deadline = time.monotonic() + self.retry_timeout
-        attempt = 0
-        while pending:
+
+        def attempt() -> dict[int, Any]:
             table = self.table
             by_owner: dict[str | None, list[int]] = {}
             for pid in pending:
@@ -127,9 +119,10 @@ class ClusterBackend:
                     results[pid] = value
                     del pending[pid]
             if pending:
-                self._back_off(deadline, attempt, last_error, sorted(pending))
-                attempt += 1
-        return results
+                raise last_error
+            return results
+
+        return self._retried(attempt, lambda: sorted(pending))
 
     @staticmethod
     def _call_all(calls: list) -> list:
@@ -141,13 +134,16 @@ class ClusterBackend:
                 return [e]
         return call_many(calls)
 
-    def _back_off(self, deadline: float, attempt: int, error: RockstateError | None, pids: list[int]) -> None:
-        """Wait a little and refresh the table, or give up once the deadline has passed."""
-        if time.monotonic() > deadline:
-            raise ClusterTimeoutError(
-                f"gave up after {self.retry_timeout:g}s on partitions {pids[:8]}: {error}", partitions=pids[:64]
-            )
-        time.sleep(BACKOFF[min(attempt, len(BACKOFF) - 1)])
+    def _retried(self, attempt: Callable[[], Any], pids: Callable[[], list[int]]) -> Any:
+        """``attempt()`` retried on retryable errors, refreshing the table in between, until ``retry_timeout``."""
+        def give_up(error: BaseException) -> ClusterTimeoutError:
+            left = pids()
+            return ClusterTimeoutError(f"gave up after {self.retry_timeout:g}s on partitions {left[:8]}: {error}",
+                                       partitions=left[:64])
+
+        return self.retry.call(attempt, between=self._refresh_quietly, give_up=give_up)
+
+    def _refresh_quietly(self) -> None:
         try:
             self.refresh()
         except RockstateError as e:
@@ -180,19 +176,14 @@ class ClusterBackend:
     def _on_owner(self, pid: int, call: Callable[[Channel, int], Any]) -> Any:
         """``call(channel to pid's owner, table epoch)``, retried on NOT_OWNER, a moving partition or a
         lost connection (refreshing the table) until ``retry_timeout``."""
-        deadline = time.monotonic() + self.retry_timeout
-        for attempt in itertools.count():
+        def attempt() -> Any:
             table = self.table
             address = table.owner_address(pid)
-            try:
-                if address is None:
-                    raise PartitionUnavailableError(f"partition {pid} has no live owner", partition=pid)
-                return call(self._channel(address), table.epoch)
-            except RockstateError as e:
-                if not e.retryable:
-                    raise
-                self._back_off(deadline, attempt, e, [pid])
-        raise AssertionError("unreachable")
+            if address is None:
+                raise PartitionUnavailableError(f"partition {pid} has no live owner", partition=pid)
+            return call(self._channel(address), table.epoch)
+
+        return self._retried(attempt, lambda: [pid])
 
     def scan(self, state: str, pid: int, prefix: bytes, after: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
         return self._on_owner(pid, lambda channel, epoch: [tuple(entry) for entry in channel.call(

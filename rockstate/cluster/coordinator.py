@@ -87,7 +87,7 @@ class Coordinator:
         self.security = Security.from_config(config)
         self.checkpoints = ClusterCheckpoints(self, self.checkpoint_config) if config.checkpoints else None
         # a new cluster on a storage that holds checkpoints starts from the latest one
-        self._restore_on_start = not saved and self.checkpoints is not None and self.checkpoints.latest() is not None
+        self._restore_on_start = not saved and self.checkpoints is not None  # and it holds one: see start()
         self.server = Server(self.handlers, config.host, config.port, name="coordinator",
                              ssl=self.security.server_ssl, secret=self.security.secret)
         self.table_lock = asyncio.Lock()  # held while partitions move, and by checkpoints and restores
@@ -133,6 +133,9 @@ class Coordinator:
     # -- life cycle --------------------------------------------------------
 
     async def start(self) -> None:
+        if self.checkpoints is not None:
+            await self.checkpoints.open()
+            self._restore_on_start = self._restore_on_start and self.checkpoints.latest() is not None
         await self.server.start()
         self._spawn(self._monitor())
         if self.members:
