@@ -3,6 +3,7 @@
 from . import errors
 from .api import Rockstate
 from .cluster.client import connect
+from .codecs import register_codec
 from .cluster.local import LocalCluster
 from .embedded import open
 from .errors import RockstateError
@@ -16,6 +17,7 @@ __all__ = [
     "open",
     "partition_of",
     "partitions_of",
+    "register_codec",
     "ListState",
     "MapState",
     "Rockstate",

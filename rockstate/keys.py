@@ -11,6 +11,11 @@ leaves the running hash unchanged. Per column type (Spark's
                every NaN as the canonical NaN (``doubleToLongBits`` collapses them)
 - string       ``hashUnsafeBytes`` of the UTF-8 bytes
 - binary       ``hashUnsafeBytes`` of the bytes
+- date         ``hashInt(days since 1970-01-01)``
+- timestamp    ``hashLong(microseconds since 1970-01-01 UTC)`` (timestamp_ntz: of the wall clock)
+- interval day to second  ``hashLong(microseconds)``
+- decimal(p,s) p <= 18: ``hashLong(unscaled value)``; p > 18: ``hashUnsafeBytes`` of
+               the unscaled value's minimal big-endian two's complement bytes
 
 ``hashUnsafeBytes`` is not standard Murmur3 (nor ``mmh3``): after the 4-byte
 little-endian blocks, each of the 0..3 tail bytes is sign-extended and mixed
@@ -18,8 +23,15 @@ as a block of its own, instead of being packed into one last word.
 
 Python keys map to Spark types as: bool -> boolean, int -> bigint (must fit
 in signed 64 bits), float -> double, str -> string, bytes/bytearray ->
-binary, None -> null, tuple -> the columns in order. Numpy scalars count as
-their Python equivalents. Spark hashes int/smallint/tinyint columns with
+binary, None -> null, tuple -> the columns in order; an aware datetime ->
+timestamp, a naive one -> timestamp_ntz (both: nanoseconds truncated),
+date -> date, timedelta -> interval day to second, UUID -> string (its
+36-character form), Decimal -> decimal(p, s) with s its number of fraction
+digits and p <= 18 exactly when it has at most 18 digits (so a Spark decimal
+column of precision > 18 agrees for values of more than 18 digits; cast
+narrower values to decimal(18, s)), time -> bigint of nanoseconds since
+midnight (Spark 4.0 has no time type). numpy, pandas and Arrow scalars count
+as their Python equivalents. Spark hashes int/smallint/tinyint columns with
 ``hashInt`` and float columns with ``floatToIntBits``, so a Spark job that must
 agree with rockstate casts such key columns to bigint / double first.
 
@@ -29,10 +41,14 @@ with numpy on uint32 arrays (wrap-around arithmetic is Java's int arithmetic).
 
 from __future__ import annotations
 
+import datetime as dt
 import struct
+import uuid
+from decimal import Decimal
 
 import numpy as np
 
+from .codecs import EPOCH_DATE, micros_since_epoch, pythonic
 from .errors import ConfigError, InvalidInputError, InvalidKeyError
 
 try:
@@ -45,8 +61,11 @@ _M32 = 0xFFFFFFFF
 _C1, _C2 = 0xCC9E2D51, 0x1B873593
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _INT32_MAX = 2**31 - 1
-_ALLOWED = "None, bool, int (signed 64-bit), float, str, bytes/bytearray, or a non-empty tuple of those"
-_ALLOWED_COLUMNS = "integer, floating-point, boolean, string or binary values, and nulls"
+_ALLOWED = ("None, bool, int (signed 64-bit), float, str, bytes/bytearray, datetime, date, time, timedelta,"
+            " Decimal, UUID, or a non-empty tuple of those")
+_ALLOWED_COLUMNS = "integer, floating-point, boolean, string, binary, timestamp, date, duration or decimal values, and nulls"
+_US = dt.timedelta(microseconds=1)
+_LONG_DIGITS = 18  # Spark's Decimal.MAX_LONG_DIGITS
 _LE_WORD = np.dtype("<u4")
 
 # -- scalar Murmur3 on Python ints (all values kept in 0..2**32-1) -----------
@@ -100,10 +119,42 @@ def _bad_type(value) -> InvalidKeyError:
     )
 
 
+def days_since_epoch(v: dt.date) -> int:
+    return (v - EPOCH_DATE).days
+
+
+def time_nanos(v: dt.time) -> int:
+    return (((v.hour * 60 + v.minute) * 60 + v.second) * 1_000_000 + v.microsecond) * 1000
+
+
+def interval_micros(v: dt.timedelta) -> int:
+    return v // _US
+
+
+def uuid_bytes(v: uuid.UUID) -> bytes:
+    return str(v).encode()
+
+
+def _decimal_hash(v: Decimal, h: int) -> int:
+    if not v.is_finite():
+        raise InvalidKeyError(f"Decimal key {v} is not finite (Spark's decimal has no NaN or Infinity)", type="Decimal")
+    sign, digits, exponent = v.as_tuple()
+    unscaled = int("".join(map(str, digits)) or "0") * 10 ** max(exponent, 0)
+    unscaled = -unscaled if sign else unscaled
+    if len(str(abs(unscaled))) <= _LONG_DIGITS:
+        return _hash_long(unscaled, h)
+    width = (unscaled if unscaled >= 0 else ~unscaled).bit_length() // 8 + 1  # Java's BigInteger.toByteArray
+    return _hash_bytes(unscaled.to_bytes(width, "big", signed=True), h)
+
+
 def _hash_column(v, h: int) -> int:
     """Hash one column value with running hash ``h``; raise for unsupported types."""
     if v is None:
         return h
+    if isinstance(v, (np.generic, dt.datetime)) or type(v).__module__.startswith("pyarrow"):
+        v = pythonic(v)
+        if v is None or (isinstance(v, dt.datetime) and v != v):  # NaT
+            return h
     if isinstance(v, (bool, np.bool_)):  # before int: bool is an int subclass
         return _fmix(_mix(h, int(v)), 4)
     if isinstance(v, (int, np.integer)):
@@ -120,6 +171,18 @@ def _hash_column(v, h: int) -> int:
         return _hash_bytes(v.encode("utf-8"), h)
     if isinstance(v, (bytes, bytearray)):
         return _hash_bytes(bytes(v), h)
+    if isinstance(v, dt.datetime):  # before date: a datetime is a date
+        return _hash_long(micros_since_epoch(v), h)
+    if isinstance(v, dt.date):
+        return _fmix(_mix(h, days_since_epoch(v) & _M32), 4)
+    if isinstance(v, dt.timedelta):
+        return _hash_long(interval_micros(v), h)
+    if isinstance(v, dt.time):
+        return _hash_long(time_nanos(v), h)
+    if isinstance(v, uuid.UUID):
+        return _hash_bytes(uuid_bytes(v), h)
+    if isinstance(v, Decimal):
+        return _decimal_hash(v, h)
     raise _bad_type(v)
 
 
@@ -127,20 +190,24 @@ def _signed(h: int) -> int:
     return h - (1 << 32) if h & 0x80000000 else h
 
 
-def spark_hash(key) -> int:
-    """Spark SQL ``hash(cols...)`` of ``key`` as a signed 32-bit int."""
-    if type(key) is int and _INT64_MIN <= key <= _INT64_MAX:  # fast path for the commonest key
-        return _signed(_hash_long(key, SEED))
+def _hash_key(key, h: int = SEED) -> int:
+    """The unsigned hash of a whole key (a tuple: its columns in turn), from running hash ``h``."""
     if isinstance(key, tuple):
         if not key:
             raise InvalidKeyError(f"an empty tuple is not a key; a key is {_ALLOWED}", type="tuple")
-        h = SEED
         for col in key:
             if isinstance(col, tuple):  # _hash_column would name 'tuple' too, but say why
                 raise InvalidKeyError(f"nested tuple in a key; a key is {_ALLOWED}", type="tuple")
             h = _hash_column(col, h)
-        return _signed(h)
-    return _signed(_hash_column(key, SEED))
+        return h
+    return _hash_column(key, h)
+
+
+def spark_hash(key) -> int:
+    """Spark SQL ``hash(cols...)`` of ``key`` as a signed 32-bit int."""
+    if type(key) is int and _INT64_MIN <= key <= _INT64_MAX:  # fast path for the commonest key
+        return _signed(_hash_long(key, SEED))
+    return _signed(_hash_key(key))
 
 
 def _check_partitions(partitions: int) -> None:
@@ -248,7 +315,7 @@ def _v_hash_bytes(values: tuple[np.ndarray, np.ndarray], h: np.ndarray) -> np.nd
     return _v_fmix(h, lengths.astype(np.uint32))
 
 
-_V_HASH = {"int": _v_hash_long, "double": _v_hash_double, "bool": _v_hash_int, "bytes": _v_hash_bytes}
+_V_HASH = {"int": _v_hash_long, "double": _v_hash_double, "bool": _v_hash_int, "date": _v_hash_int, "bytes": _v_hash_bytes}
 
 
 # -- columns -> (kind, values, valid) ------------------------------------------
@@ -264,20 +331,35 @@ def _pack(values: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
     return offsets, np.frombuffer(b"".join(values), dtype=np.uint8)
 
 
-def _kind_of(t: type) -> str | None:
+def _kind_of(t: type):
+    """(kind, conversion of a value to what that kind hashes, or None), or None for no vectorized kind."""
     if issubclass(t, (bool, np.bool_)):
-        return "bool"
+        return "bool", None
     if issubclass(t, (int, np.integer)):
-        return "int"
+        return "int", None
     if issubclass(t, (float, np.floating)):
-        return "double"
-    if issubclass(t, (str, bytes, bytearray)):  # string and binary hash alike: by their bytes
-        return "bytes"
+        return "double", None
+    if issubclass(t, str):  # string and binary hash alike: by their bytes
+        return "bytes", str.encode
+    if issubclass(t, (bytes, bytearray)):
+        return "bytes", bytes
+    if t.__name__ == "NaTType":  # a datetime that is not one
+        return None
+    if issubclass(t, dt.datetime):  # before date: a datetime is a date
+        return "int", micros_since_epoch
+    if issubclass(t, dt.date):
+        return "date", days_since_epoch
+    if issubclass(t, dt.timedelta):
+        return "int", interval_micros
+    if issubclass(t, dt.time):
+        return "int", time_nanos
+    if issubclass(t, uuid.UUID):
+        return "bytes", uuid_bytes
     return None
 
 
-_FILLER = {"int": 0, "double": 0.0, "bool": False, "bytes": b""}
-_DTYPE = {"int": np.int64, "double": np.float64, "bool": bool}
+_FILLER = {"int": 0, "double": 0.0, "bool": False, "bytes": b"", "date": 0}
+_DTYPE = {"int": np.int64, "double": np.float64, "bool": bool, "date": np.int64}
 
 
 def _from_objects(values: list):
@@ -287,17 +369,29 @@ def _from_objects(values: list):
     kinds = {_kind_of(t) for t in types - {type(None)}}
     if len(kinds) != 1 or None in kinds:
         return "rows", values, None
-    kind = kinds.pop()
+    kind, convert = kinds.pop()
     valid, filled = None, values
     if has_null:
         valid = np.array([v is not None for v in values], dtype=bool)
-        filled = [_FILLER[kind] if v is None else v for v in values]
+        filler = _FILLER[kind]
+        filled = [filler if v is None else convert(v) if convert else v for v in values]
+    elif convert is not None:
+        filled = list(map(convert, values))
     if kind == "bytes":
-        return kind, _pack([v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in filled]), valid
+        return kind, _pack(filled), valid
     try:
         return kind, np.array(filled, dtype=_DTYPE[kind]), valid
     except OverflowError:
         return "rows", values, None  # the row path raises, naming the out-of-range int
+
+
+_UNIT_NANOS = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
+
+
+def _scaled(raw: np.ndarray, unit: str, to: str) -> np.ndarray:
+    """int64 counts of ``unit`` as counts of ``to`` (floor division when finer)."""
+    have, want = _UNIT_NANOS[unit], _UNIT_NANOS[to]
+    return raw * (have // want) if have >= want else raw // (want // have)
 
 
 def _from_arrow(arr):
@@ -317,6 +411,13 @@ def _from_arrow(arr):
         return "double", arr.cast(pa.float64()).fill_null(0.0).to_numpy(), valid
     if pa.types.is_boolean(t):
         return "bool", arr.fill_null(False).to_numpy(zero_copy_only=False), valid
+    if pa.types.is_date(t):
+        return "date", arr.cast(pa.date32()).cast(pa.int32()).fill_null(0).to_numpy().astype(np.int64), valid
+    if pa.types.is_timestamp(t) or pa.types.is_duration(t) or pa.types.is_time(t):
+        raw = arr.cast(pa.int64()).fill_null(0).to_numpy()
+        return "int", _scaled(raw, t.unit, "ns" if pa.types.is_time(t) else "us"), valid
+    if pa.types.is_decimal(t):
+        return _from_objects(arr.to_pylist())
     if pa.types.is_string(t) or pa.types.is_binary(t):
         offset_type = np.int32
     elif pa.types.is_large_string(t) or pa.types.is_large_binary(t):
@@ -345,7 +446,14 @@ def _column(col):
         if kind in "fb":
             return {"f": "double", "b": "bool"}[kind], col, None
         if kind in "US":  # numpy str / bytes arrays
-            return "bytes", _pack([v.encode("utf-8") if kind == "U" else v for v in col.tolist()]), None
+            return "bytes", _pack(list(map(str.encode, col.tolist())) if kind == "U" else col.tolist()), None
+        if kind in "mM":  # datetime64 (timestamp_ntz), timedelta64
+            unit = np.datetime_data(col.dtype)[0]
+            if unit not in _UNIT_NANOS:  # days, weeks, ...: exact in microseconds
+                col, unit = col.astype(col.dtype.str[:-3] + "[us]"), "us"
+            nat = np.isnat(col)
+            raw = np.where(nat, 0, col.view(np.int64))
+            return "int", _scaled(raw, unit, "us"), ~nat if nat.any() else None
         if kind != "O":
             raise InvalidKeyError(f"unsupported key column dtype {col.dtype}; a key column holds {_ALLOWED_COLUMNS}", type=str(col.dtype))
         col = col.tolist()
@@ -378,8 +486,9 @@ def partitions_of(columns, partitions: int) -> np.ndarray:
     h = np.full(lengths.pop(), SEED, dtype=np.uint32)
     for col in cols:
         kind, values, valid = _column(col)
-        if kind == "rows":
-            h = np.array([_hash_column(v, s) for v, s in zip(values, h.tolist())], dtype=np.uint32)
+        if kind == "rows":  # one column may hold whole keys, tuples included
+            hash_one = _hash_key if len(cols) == 1 else _hash_column
+            h = np.array([hash_one(v, s) for v, s in zip(values, h.tolist())], dtype=np.uint32)
         elif kind != "null":
             hashed = _V_HASH[kind](values, h)
             h = hashed if valid is None else np.where(valid, hashed, h)

@@ -14,8 +14,13 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol
 import numpy as np
 
 from . import keys as keyhash
-from .serde import _pack, decode_key, decode_stream, decode_value, encode_key, encode_keys, encode_value, encode_values, split_pair
+from .serde import decode_key, decode_stream, decode_value, decode_values, encode_key, encode_keys, encode_value, encode_values, split_pair
 from .errors import InvalidInputError
+
+try:
+    import pyarrow as pa
+except ImportError:  # only needed for Arrow input
+    pa = None
 from .store.catalog import StateSpec, check_name
 from .store.partition import APPEND, DELETE, DELETE_MANY, DELETE_PREFIX, PUT, PUT_MANY
 
@@ -40,17 +45,73 @@ class Backend(Protocol):
     def compare_and_set(self, state: str, pid: int, key: bytes, expected: bytes | None, new: bytes) -> bool: ...
 
 
-def prepare_keys(keys: list, partitions: int, limit: int) -> tuple[list[bytes], np.ndarray]:
-    """Encode keys and find their partitions; vectorized when the keys are all ints."""
-    if keys and set(map(type, keys)) == {int}:
+def key_list(keys: Any) -> list:
+    """A list of Python objects from a list, tuple, numpy array, pandas Series/Index, Arrow array or
+    other iterable; a DataFrame gives a tuple per row (a scalar per row if it has one column)."""
+    if isinstance(keys, list):
+        return keys
+    if hasattr(keys, "itertuples"):
+        rows = list(keys.itertuples(index=False, name=None))
+        return [row[0] for row in rows] if keys.shape[1] == 1 else rows
+    if pa is not None and isinstance(keys, (pa.Array, pa.ChunkedArray)):
+        return keys.to_pylist()
+    if hasattr(keys, "tolist") and not isinstance(keys, np.generic):
+        return keys.tolist()
+    if isinstance(keys, (str, bytes, Mapping)) or not isinstance(keys, Iterable):
+        raise InvalidInputError(f"expected a sequence or array of keys, got a {type(keys).__name__}")
+    return list(keys)
+
+
+def _hash_columns(keys: Any, column: list) -> list:
+    """What ``keyhash.partitions_of`` hashes column-wise: the array as given when it has a
+    vectorized dtype, tuples split into their columns, else the list."""
+    if pa is not None and isinstance(keys, (pa.Array, pa.ChunkedArray)) and not pa.types.is_decimal(keys.type):
+        return [keys]
+    dtype = getattr(keys, "dtype", None)
+    if isinstance(dtype, np.dtype) and dtype.kind in "iufbUmM" and getattr(keys, "ndim", 1) == 1:
+        return [np.asarray(keys)]
+    if column and type(column[0]) is tuple and set(map(type, column)) == {tuple} and len(set(map(len, column))) == 1:
+        return [list(c) for c in zip(*column)]
+    return [column]
+
+
+def prepare_keys(keys: Any, partitions: int, limit: int, column: list | None = None) -> tuple[list[bytes], np.ndarray]:
+    """Encode keys (any sequence or array; ``column``: them as a list, if already made) and find
+    their partitions, column-wise: no Python code runs per key of a supported type."""
+    column = key_list(keys) if column is None else column
+    encoded = encode_keys(column, limit)
+    if not column:
+        return encoded, np.zeros(0, dtype=np.int64)
+    return encoded, keyhash.partitions_of(_hash_columns(keys, column), partitions)
+
+
+def batch_columns(items: Any, values: Any = None) -> tuple[Any, list, list]:
+    """The one batch shape of ``put_many``: a mapping (a pandas Series is one: index -> value), an
+    iterable of (key, value) pairs, or ``items`` = keys and ``values`` two sequences/arrays of
+    equal length. Returns (keys as given, keys as a list, values as a list)."""
+    if values is not None:
+        keys, values = items, key_list(values)
+    elif isinstance(items, Mapping):
+        keys, values = list(items.keys()), list(items.values())
+    elif hasattr(items, "index") and hasattr(items, "tolist") and getattr(items, "ndim", 2) == 1:  # a pandas Series
+        keys, values = items.index, items.tolist()
+    elif hasattr(items, "itertuples"):
+        raise InvalidInputError("put_many takes a mapping, (key, value) pairs, or keys and values: "
+                                "for a DataFrame pass put_many(df[key_column], df[value_column])")
+    else:
+        pairs = key_list(items)
         try:
-            column = np.fromiter(keys, dtype=np.int64, count=len(keys))
-        except OverflowError:
-            pass  # encode_keys below names the bad key
-        else:
-            return list(map(_pack, keys)), keyhash.partitions_of(column, partitions)
-    encoded = encode_keys(keys, limit)
-    return encoded, np.fromiter((keyhash.partition_of(k, partitions) for k in keys), dtype=np.int64, count=len(keys))
+            lengths = set(map(len, pairs))
+        except TypeError:
+            lengths = set()
+        if pairs and lengths != {2}:
+            raise InvalidInputError("put_many takes a mapping, (key, value) pairs, or keys and values as two sequences")
+        columns = list(zip(*pairs)) or [(), ()]
+        keys, values = list(columns[0]), list(columns[1])
+    column = key_list(keys)
+    if len(column) != len(values):
+        raise InvalidInputError(f"put_many: {len(column)} keys but {len(values)} values")
+    return keys, column, values
 
 
 def group_by_partition(pids: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
@@ -133,35 +194,29 @@ class ValueState(_State):
 
     __contains__ = contains
 
-    def get_many(self, keys: Iterable[Any], default: Any = None) -> list[Any]:
-        keys = list(keys)
+    def get_many(self, keys: Any, default: Any = None) -> list[Any]:
+        """Values of ``keys`` (any sequence or array: list, numpy, pandas, Arrow), in their order."""
         encoded, pids = prepare_keys(keys, self._P, self._backend.max_key_bytes)
         order, groups = group_by_partition(pids)
         take = encoded.__getitem__
         idx = order.tolist()
         found = self._backend.get_many(self.name, {pid: list(map(take, idx[a:b])) for pid, a, b in groups})
-        flat = np.empty(len(keys), dtype=object)
+        flat = np.empty(len(encoded), dtype=object)
         flat[order] = [v for pid, _, _ in groups for v in found[pid]]
-        unpack = decode_value
-        return [default if v is None else unpack(v) for v in flat.tolist()]
+        return decode_values(flat.tolist(), default)
 
-    def put_many(self, items: Mapping[Any, Any] | Iterable[tuple[Any, Any]]) -> None:
-        if isinstance(items, Mapping):
-            keys, values = list(items.keys()), list(items.values())
-        else:
-            columns = list(zip(*items)) or [(), ()]
-            if len(columns) != 2:
-                raise InvalidInputError("put_many takes a mapping or (key, value) pairs")
-            keys, values = list(columns[0]), columns[1]
-        evalues = encode_values(values, self._backend.max_value_bytes)
-        self._write_many(PUT_MANY, keys, evalues)
+    def put_many(self, items: Any, values: Any = None) -> None:
+        """``put_many(mapping)``, ``put_many(pairs)`` or ``put_many(keys, values)`` (see ``batch_columns``)."""
+        keys, column, values = batch_columns(items, values)
+        evalues = encode_values(values, self._backend.max_value_bytes, column)
+        self._write_many(PUT_MANY, keys, evalues, column)
 
-    def delete_many(self, keys: Iterable[Any]) -> None:
-        self._write_many(DELETE_MANY, list(keys), None)
+    def delete_many(self, keys: Any) -> None:
+        self._write_many(DELETE_MANY, keys, None)
 
-    def _write_many(self, op: int, keys: list, values: list[bytes] | None) -> None:
-        encoded, pids = prepare_keys(keys, self._P, self._backend.max_key_bytes)
-        if not keys:
+    def _write_many(self, op: int, keys: Any, values: list[bytes] | None, column: list | None = None) -> None:
+        encoded, pids = prepare_keys(keys, self._P, self._backend.max_key_bytes, column)
+        if not encoded:
             return
         order, groups = group_by_partition(pids)
         idx = order.tolist()

@@ -32,17 +32,9 @@ import pandas as pd
 
 from ..errors import InvalidInputError
 from ..serde import decode_key, decode_stream, decode_value, encode_key, encode_values
-from ..states import Backend, prepare_keys
+from ..states import Backend, batch_columns, key_list, prepare_keys
 from ..store.catalog import StateSpec, check_name
 from .batch import Batch, KeyedView
-
-
-def _as_list(values: Any) -> list:
-    """A list of Python objects from a list, numpy array, pandas Series/Index or other iterable."""
-    if hasattr(values, "itertuples"):  # a DataFrame of key columns: a tuple per row, or a scalar for one column
-        rows = list(values.itertuples(index=False, name=None))
-        return [row[0] for row in rows] if values.shape[1] == 1 else rows
-    return values.tolist() if hasattr(values, "tolist") else list(values)
 
 
 def _same_length(what: str, keys: list, other: list) -> None:
@@ -88,11 +80,11 @@ class ValueStateHandle(_StateHandle):
         encoded, pids = self._keys(keys)
         return [default if v is None else decode_value(v) for v in self._view().read(encoded, pids)]
 
-    def put_many(self, keys: Any, values: Any) -> None:
-        encoded, pids = self._keys(keys)
-        values = self._encode(_as_list(values))
-        _same_length("put_many", encoded, values)
-        self._view().write_columns(encoded, pids, values)
+    def put_many(self, keys: Any, values: Any = None) -> None:
+        """``put_many(keys, values)``, ``put_many(mapping)`` or ``put_many(pairs)``, as on a plain state."""
+        keys, column, values = batch_columns(keys, values)
+        encoded, pids = self._owner.encode_keys(keys, column)
+        self._view().write_columns(encoded, pids, encode_values(values, self._backend.max_value_bytes, column))
 
     def delete_many(self, keys: Any) -> None:
         encoded, pids = self._keys(keys)
@@ -128,15 +120,15 @@ class ListStateHandle(_StateHandle):
     def put_many(self, keys: Any, lists: Any) -> None:
         """Replace each key's list (an empty list deletes it)."""
         encoded, pids = self._keys(keys)
-        lists = _as_list(lists)
+        lists = key_list(lists)
         _same_length("put_many", encoded, lists)
-        data = [b"".join(self._encode(_as_list(items))) or None for items in lists]
+        data = [b"".join(self._encode(key_list(items))) or None for items in lists]
         self._view().write(encoded, pids.tolist(), data)
 
     def append_many(self, keys: Any, values: Any) -> None:
         """Append values[i] to the list of keys[i], in order (a key may repeat)."""
         encoded, pids = self._keys(keys)
-        values = self._encode(_as_list(values))
+        values = self._encode(key_list(values))
         _same_length("append_many", encoded, values)
         first = dict(zip(encoded, range(len(encoded))))  # distinct keys, each with one of its rows
         rows = list(first.values())
@@ -184,7 +176,7 @@ class MapStateHandle(_StateHandle):
 
     def _user_keys(self, user_keys: Any, n: int) -> list[bytes]:
         limit = self._backend.max_key_bytes
-        encoded = [encode_key(uk, limit) for uk in _as_list(user_keys)]
+        encoded = [encode_key(uk, limit) for uk in key_list(user_keys)]
         if len(encoded) != n:
             raise InvalidInputError(f"map state {self.name!r}: {n} keys but {len(encoded)} user keys")
         return encoded
@@ -196,7 +188,7 @@ class MapStateHandle(_StateHandle):
 
     def put_many(self, keys: Any, user_keys: Any, values: Any) -> None:
         encoded, pids = self._keys(keys)
-        values = self._encode(_as_list(values))
+        values = self._encode(key_list(values))
         _same_length("put_many", encoded, values)
         self._view().write(encoded, pids.tolist(), self._user_keys(user_keys, len(encoded)), values)
 
@@ -279,13 +271,13 @@ class StatefulProcessorHandle:
         handle = self._handles[name] = cls(self, self.backend.define_state(wanted))
         return handle
 
-    def encode_keys(self, keys: Any) -> tuple[list[bytes], np.ndarray]:
+    def encode_keys(self, keys: Any, column: list | None = None) -> tuple[list[bytes], np.ndarray]:
         """Encoded keys and their partitions. A pandas Index is immutable, so the usual
         ``get_many(index)`` then ``put_many(index, ...)`` encodes it once."""
         last = self._last_index
         if last is not None and last[0] is keys:
             return last[1], last[2]
-        encoded, pids = prepare_keys(_as_list(keys), self.backend.partitions, self.backend.max_key_bytes)
+        encoded, pids = prepare_keys(keys, self.backend.partitions, self.backend.max_key_bytes, column)
         if isinstance(keys, pd.Index):
             self._last_index = (keys, encoded, pids)
         return encoded, pids
