@@ -283,11 +283,27 @@ def _v_hash_double(v: np.ndarray, h: np.ndarray) -> np.ndarray:
     return _v_hash_long(bits, h)
 
 
-def _v_hash_bytes(values: tuple[np.ndarray, np.ndarray], h: np.ndarray) -> np.ndarray:
-    """hashUnsafeBytes of every row's data[offsets[i]:offsets[i+1]], seeded by h[i]."""
-    offsets, data = values
-    starts = offsets[:-1].astype(np.int64)
-    lengths = offsets[1:].astype(np.int64) - starts
+def _v_hash_fixed(rows: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """hashUnsafeBytes of the rows of an (n, length) uint8 matrix (ids, UUIDs): one numpy step per block."""
+    length = rows.shape[1]
+    blocks = length >> 2
+    k = _v_mix_k1(np.ascontiguousarray(rows[:, : blocks * 4]).view(_LE_WORD).T.copy())  # (blocks, n)
+    for b in range(blocks):
+        h = _v_mix_h1(h, k[b])
+    for t in range(blocks * 4, length):  # Spark mixes each tail byte, sign-extended, as a block of its own
+        h = _v_mix_h1(h, _v_mix_k1(rows[:, t].view(np.int8).astype(np.int32).view(np.uint32)))
+    return _v_fmix(h, np.uint32(length))
+
+
+def _v_hash_bytes(values: tuple[np.ndarray, np.ndarray, np.ndarray], h: np.ndarray) -> np.ndarray:
+    """hashUnsafeBytes of every row's data[starts[i]:starts[i] + lengths[i]], seeded by h[i]."""
+    starts, lengths, data = values
+    n = len(lengths)
+    if n and lengths[0] > 0 and (lengths == lengths[0]).all():  # one length: rows equally spaced are a matrix
+        stride = int(starts[1] - starts[0]) if n > 1 else int(lengths[0])
+        if stride >= lengths[0] and (n == 1 or (np.diff(starts) == stride).all()):
+            rows = np.lib.stride_tricks.as_strided(data[int(starts[0]):], (n, int(lengths[0])), (stride, 1), writeable=False)
+            return _v_hash_fixed(rows, h)
     blocks = lengths >> 2
     h = h.copy()
     most = int(blocks.max()) if len(blocks) else 0
@@ -324,11 +340,30 @@ _V_HASH = {"int": _v_hash_long, "double": _v_hash_double, "bool": _v_hash_int, "
 # of the non-null rows, or None when there are no nulls.
 
 
-def _pack(values: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets, data) of byte strings, the layout of an Arrow binary array."""
-    offsets = np.zeros(len(values) + 1, dtype=np.int64)
-    np.cumsum(np.fromiter(map(len, values), np.int64, len(values)), out=offsets[1:])
-    return offsets, np.frombuffer(b"".join(values), dtype=np.uint8)
+def _pack(values: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(starts, lengths, data) of byte strings laid end to end."""
+    lengths = np.fromiter(map(len, values), np.int64, len(values))
+    starts = np.zeros(len(values), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    return starts, lengths, np.frombuffer(b"".join(values), dtype=np.uint8)
+
+
+# msgpack str / bin header length by first byte (fixstr, str8/16/32, bin8/16/32); 0: not a str or bin
+_HEADER = np.zeros(256, dtype=np.int64)
+_HEADER[0xA0:0xC0] = 1
+_HEADER[[0xD9, 0xDA, 0xDB, 0xC4, 0xC5, 0xC6]] = [2, 3, 5, 2, 3, 5]
+
+
+def partitions_of_packed(packed: list[bytes], partitions: int) -> np.ndarray:
+    """``partitions_of`` of keys given by their msgpack encodings (rockstate's stored form), every one
+    a str or bytes: hashed straight from the encodings, no decoding."""
+    _check_partitions(partitions)
+    starts, lengths, data = _pack(packed)
+    header = _HEADER[data[starts]] if len(packed) else starts
+    if not header.all():
+        raise InvalidInputError("partitions_of_packed takes msgpack-encoded str or bytes keys only")
+    h = _v_hash_bytes((starts + header, lengths - header, data), np.full(len(packed), SEED, dtype=np.uint32))
+    return _pmod(h, partitions)
 
 
 def _kind_of(t: type):
@@ -425,9 +460,9 @@ def _from_arrow(arr):
     else:
         raise InvalidKeyError(f"unsupported key column type {str(t)!r}; a key column holds {_ALLOWED_COLUMNS}", type=str(t))
     _, offset_buf, data_buf = arr.buffers()
-    offsets = np.frombuffer(offset_buf, dtype=offset_type)[arr.offset : arr.offset + len(arr) + 1]
+    offsets = np.frombuffer(offset_buf, dtype=offset_type)[arr.offset : arr.offset + len(arr) + 1].astype(np.int64)
     data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
-    return "bytes", (offsets, data), valid
+    return "bytes", (offsets[:-1], np.diff(offsets), data), valid
 
 
 def _column(col):
@@ -492,6 +527,10 @@ def partitions_of(columns, partitions: int) -> np.ndarray:
         elif kind != "null":
             hashed = _V_HASH[kind](values, h)
             h = hashed if valid is None else np.where(valid, hashed, h)
+    return _pmod(h, partitions)
+
+
+def _pmod(h: np.ndarray, partitions: int) -> np.ndarray:
     signed = h.view(np.int32)
     if partitions <= _INT32_MAX:  # int32 arithmetic is faster; Python's % semantics are pmod
         return np.remainder(signed, np.int32(partitions))

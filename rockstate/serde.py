@@ -107,10 +107,30 @@ def encode_key(key: Any, limit: int = DEFAULT_MAX_BYTES) -> bytes:
     return _limit(_pack(check_key(key)), limit, "key")
 
 
+_PLAIN = frozenset({str, bytes, float, bool, type(None)})
+
+
+def _plain(column: Sequence[Any]) -> bool:
+    """Whether msgpack packs every key of the column as it is: plain scalars, ints within 64 bits."""
+    types = set(map(type, column))
+    if int in types:
+        ints = column if len(types) == 1 else [k for k in column if type(k) is int]
+        if min(ints) < _INT64[0] or max(ints) > _INT64[1]:
+            return False
+    return types - {int} <= _PLAIN
+
+
+def _plain_keys(keys: Sequence[Any]) -> bool:
+    if keys and type(keys[0]) is tuple:  # tuples: column by column
+        if set(map(type, keys)) != {tuple} or len(set(map(len, keys))) != 1 or not keys[0]:
+            return False
+        return all(map(_plain, zip(*keys)))
+    return _plain(keys)
+
+
 def encode_keys(keys: Sequence[Any], limit: int = DEFAULT_MAX_BYTES) -> list[bytes]:
     """Encode many keys; the first bad one raises, naming its index, before anything is written."""
-    types = set(map(type, keys))
-    if types <= {str, bytes, float} or (types == {int} and _INT64[0] <= min(keys) and max(keys) <= _INT64[1]):
+    if _plain_keys(keys):
         out = list(map(_pack, keys))  # the hot path: one C loop
         if max(map(len, out), default=0) <= limit:
             return out
@@ -160,7 +180,10 @@ def decode_value(data: bytes) -> Any:
     return msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=_ext_hook)
 
 
-def decode_values(values: Iterable[bytes | None], default: Any = None) -> list[Any]:
+def decode_values(values: list[bytes | None], default: Any = None) -> list[Any]:
+    """Decode stored values, ``default`` for None; without a None, as one stream (no Python per value)."""
+    if None not in values:
+        return decode_stream(b"".join(values))
     unpack = decode_value
     return [default if v is None else unpack(v) for v in values]
 

@@ -68,7 +68,7 @@ def _hash_columns(keys: Any, column: list) -> list:
     if pa is not None and isinstance(keys, (pa.Array, pa.ChunkedArray)) and not pa.types.is_decimal(keys.type):
         return [keys]
     dtype = getattr(keys, "dtype", None)
-    if isinstance(dtype, np.dtype) and dtype.kind in "iufbUmM" and getattr(keys, "ndim", 1) == 1:
+    if isinstance(dtype, np.dtype) and dtype.kind in "iufbmM" and getattr(keys, "ndim", 1) == 1:
         return [np.asarray(keys)]
     if column and type(column[0]) is tuple and set(map(type, column)) == {tuple} and len(set(map(len, column))) == 1:
         return [list(c) for c in zip(*column)]
@@ -82,6 +82,8 @@ def prepare_keys(keys: Any, partitions: int, limit: int, column: list | None = N
     encoded = encode_keys(column, limit)
     if not column:
         return encoded, np.zeros(0, dtype=np.int64)
+    if type(column[0]) in (str, bytes) and len(set(map(type, column))) == 1:  # ids, UUIDs: hashed from their encodings
+        return encoded, keyhash.partitions_of_packed(encoded, partitions)
     return encoded, keyhash.partitions_of(_hash_columns(keys, column), partitions)
 
 

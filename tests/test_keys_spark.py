@@ -1,10 +1,13 @@
 """The partitioner against a real local Spark: pmod(hash(cols...), P) computed by Spark SQL."""
 
+import datetime as dt
 import math
 import os
 import random
 import struct
 import sys
+import uuid
+from decimal import Decimal
 
 import pyarrow as pa
 import pytest
@@ -32,6 +35,7 @@ def spark():
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
         .getOrCreate()
     )
     yield session
@@ -61,12 +65,42 @@ def _string():
     return "".join(rng.choice(CHARS) for _ in range(rng.randint(0, 40)))
 
 
+UTC = dt.timezone.utc
+EPOCH = dt.datetime(1970, 1, 1)
+TIMESTAMP_EDGES = [EPOCH, EPOCH - dt.timedelta(microseconds=1), dt.datetime(1, 1, 1), dt.datetime(9999, 12, 31, 23, 59, 59, 999999),
+                   dt.datetime(2024, 2, 29, 12, 0, 0, 1), dt.datetime(1900, 3, 1)]  # fmt: skip
+DATE_EDGES = [dt.date(1970, 1, 1), dt.date(1969, 12, 31), dt.date(1, 1, 1), dt.date(9999, 12, 31), dt.date(2024, 2, 29)]
+DECIMAL18_EDGES = [Decimal("0.00"), Decimal("-0.01"), Decimal("9999999999999999.99"), Decimal("-9999999999999999.99"), Decimal("1.50")]
+DECIMAL38_EDGES = [Decimal("1" * 19 + ".00"), Decimal("-" + "9" * 36 + ".99"), Decimal("1" + "0" * 18 + ".00"),
+                   Decimal("-1" + "0" * 18 + ".00"), Decimal("12345678901234567890123.45")]  # fmt: skip
+
+
+def _timestamp():
+    return EPOCH + dt.timedelta(microseconds=rng.randint(-62_135_596_800_000_000, 253_402_300_799_999_999))
+
+
+def _decimal(digits_from, digits_to):
+    digits = rng.randint(digits_from, digits_to)
+    return Decimal(f"{rng.choice([-1, 1]) * rng.randrange(10 ** (digits - 1), 10**digits)}E-2")  # scale 2, as the column's
+
+
 GENERATORS = {
     "bigint": (T.LongType(), _bigint, INT64_EDGES),
     "double": (T.DoubleType(), _double, DOUBLE_EDGES),
     "boolean": (T.BooleanType(), lambda: rng.random() < 0.5, [True, False]),
     "string": (T.StringType(), _string, STRING_EDGES),
     "binary": (T.BinaryType(), lambda: rng.randbytes(rng.randint(0, 40)), BINARY_EDGES),
+    # an aware datetime is Spark's timestamp, a naive one its timestamp_ntz
+    "timestamp": (T.TimestampType(), lambda: _timestamp().replace(tzinfo=UTC), [t.replace(tzinfo=UTC) for t in TIMESTAMP_EDGES]),
+    "timestamp_ntz": (T.TimestampNTZType(), _timestamp, TIMESTAMP_EDGES),
+    "date": (T.DateType(), lambda: _timestamp().date(), DATE_EDGES),
+    "interval": (T.DayTimeIntervalType(), lambda: dt.timedelta(microseconds=rng.randint(-(2**62), 2**62)),
+                 [dt.timedelta(0), dt.timedelta(microseconds=-1), dt.timedelta(days=-1), dt.timedelta(days=999_999)]),
+    # decimal(p<=18, 2): any value; decimal(38, 2): values of more than 18 digits (see keys.py)
+    "decimal18": (T.DecimalType(18, 2), lambda: _decimal(1, 18), DECIMAL18_EDGES),
+    "decimal38": (T.DecimalType(38, 2), lambda: _decimal(19, 38), DECIMAL38_EDGES),
+    # a UUID key is its 36-character string: Spark's string column of str(uuid)
+    "uuid": (T.StringType(), lambda: uuid.UUID(int=rng.getrandbits(128)), [uuid.UUID(int=0), uuid.UUID(int=2**128 - 1)]),
 }
 
 
@@ -81,7 +115,8 @@ def spark_partitions(spark, kinds, columns):
         [T.StructField("id", T.LongType(), False)]
         + [T.StructField(f"c{i}", GENERATORS[k][0], True) for i, k in enumerate(kinds)]
     )
-    rows = [(i, *vals) for i, vals in enumerate(zip(*columns))]
+    spark_columns = [[None if v is None else str(v) for v in col] if k == "uuid" else col for k, col in zip(kinds, columns)]
+    rows = [(i, *vals) for i, vals in enumerate(zip(*spark_columns))]
     df = spark.createDataFrame(rows, schema)
     h = F.hash(*[F.col(f"c{i}") for i in range(len(kinds))])
     out = df.select("id", h.alias("h"), *[F.pmod(h, F.lit(p)).alias(f"p{p}") for p in PARTITIONS])
@@ -91,7 +126,9 @@ def spark_partitions(spark, kinds, columns):
 
 
 GROUPS = [("bigint",), ("double",), ("boolean",), ("string",), ("binary",),
-          ("bigint", "string"), ("string", "bigint", "double"), ("boolean", "binary", "bigint", "double")]  # fmt: skip
+          ("bigint", "string"), ("string", "bigint", "double"), ("boolean", "binary", "bigint", "double"),
+          ("timestamp",), ("timestamp_ntz",), ("date",), ("interval",), ("decimal18",), ("decimal38",), ("uuid",),
+          ("uuid", "timestamp", "decimal18"), ("string", "date")]  # fmt: skip
 
 
 @pytest.mark.parametrize("kinds", GROUPS, ids=["-".join(g) for g in GROUPS])
@@ -110,4 +147,5 @@ def test_partitioner_matches_spark(spark, kinds):
         assert partitions_of(columns, p).tolist() == parts[p]
         assert partitions_of(arrow.columns, p).tolist() == parts[p]
     if len(kinds) == 1:  # one column on its own, not wrapped in a list
-        assert partitions_of(pa.array(columns[0], type=arrow.schema.field(0).type), 128).tolist() == parts[128]
+        values = [None if v is None else str(v) for v in columns[0]] if kinds == ("uuid",) else columns[0]
+        assert partitions_of(pa.array(values, type=arrow.schema.field(0).type), 128).tolist() == parts[128]
