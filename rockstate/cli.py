@@ -9,18 +9,18 @@ import logging
 import sys
 import time
 
-from .config import CoordinatorConfig, NodeConfig, load
+from .config import CoordinatorConfig, NodeConfig, load, settings
 from .errors import RockstateError
 
 
 def _settings(args: argparse.Namespace, model) -> dict:
-    return {name: getattr(args, name) for name in model.model_fields if getattr(args, name, None) is not None}
+    return {name: getattr(args, name) for name in settings(model) if getattr(args, name, None) is not None}
 
 
 def _add_fields(parser: argparse.ArgumentParser, model, skip: tuple[str, ...] = ()) -> None:
     """One --flag per config field, with its description and default as help."""
     parser.add_argument("--config", help="YAML file of settings (flags override it)")
-    for name, field in model.model_fields.items():
+    for name, field in settings(model).items():
         if name in skip:
             continue
         kind = {int: int, float: float}.get(field.annotation, str)

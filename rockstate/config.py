@@ -1,17 +1,24 @@
 """Typed settings, validated by pydantic, loadable from YAML and the environment.
 
 Every field has a default; ``load(model, path=None, **overrides)`` reads a
-YAML file, then ``ROCKSTATE_<FIELD>`` environment variables, then keyword
+YAML file, then ``ROCKSTATE_<SETTING>`` environment variables, then keyword
 overrides, and turns validation failures into one plain ``ConfigError``.
+
+A process's config nests the configs of its parts (a coordinator's
+``checkpoints``, a node's ``store``, both ``security``), so each part gets its
+own config whole. Operators still write flat settings (``memory_bytes``,
+``checkpoint_interval``, ``secret_file``) in files, flags and the environment:
+``flat`` maps each to its place, and ``settings(model)`` lists them.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.fields import FieldInfo
 
 from .errors import ConfigError
 
@@ -20,6 +27,60 @@ MiB = 1024 * 1024
 
 class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # a flat setting -> (the nested config's field, the setting's name there)
+    flat: ClassVar[dict[str, tuple[str, str]]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nest(cls, values: Any) -> Any:
+        """Flat settings into their nested configs. A nested config may be given whole too; a flat setting
+        named like its config (a coordinator's ``checkpoints``: the URL) is one when given as a plain value."""
+        if not isinstance(values, dict) or not any(name in values for name in cls.flat):
+            return values
+        values = dict(values)
+        for name, (group, field) in cls.flat.items():
+            if name not in values or (name == group and isinstance(values[name], (dict, BaseModel, type(None)))):
+                continue
+            value = values.pop(name)
+            if value is None:  # not set
+                continue
+            nested = values.get(group)
+            nested = nested.model_dump() if isinstance(nested, BaseModel) else dict(nested or {})
+            nested[field] = value
+            values[group] = nested
+        return values
+
+    def __getattr__(self, name: str) -> Any:
+        """A flat setting, read from its nested config."""
+        place = type(self).flat.get(name)
+        if place is None:
+            return super().__getattr__(name)  # type: ignore[misc]
+        group = getattr(self, place[0])
+        return None if group is None else getattr(group, place[1])
+
+
+def settings(model: type[Settings]) -> dict[str, FieldInfo]:
+    """The settings operators write, by flat name: the model's own fields and those of its nested configs."""
+    nested = {group for group, _ in model.flat.values()}
+    own = {name: f for name, f in model.model_fields.items() if name not in nested}
+    for name, (group, field) in model.flat.items():
+        own[name] = _model_of(model.model_fields[group]).model_fields[field]
+    return own
+
+
+def flat_values(config: Settings) -> dict[str, Any]:
+    """``config`` as flat settings (the inverse of ``Settings._nest``)."""
+    values = {}
+    for name in settings(type(config)):
+        group, field = type(config).flat.get(name, (None, name))
+        owner = config if group is None else getattr(config, group)
+        values[name] = None if owner is None else getattr(owner, field)
+    return values
+
+
+def _model_of(field: FieldInfo) -> type[Settings]:
+    return next(t for t in getattr(field.annotation, "__args__", (field.annotation,)) if isinstance(t, type) and issubclass(t, Settings))
 
 
 class StoreConfig(Settings):
@@ -39,7 +100,7 @@ M = TypeVar("M", bound=Settings)
 
 def load(model: type[M], path: str | None = None, **overrides: Any) -> M:
     values: dict[str, Any] = _read_yaml(path) if path else {}
-    for name in model.model_fields:
+    for name in settings(model):
         env = os.environ.get(f"ROCKSTATE_{name.upper()}")
         if env is not None:
             values[name] = env
@@ -65,9 +126,11 @@ def _read_yaml(path: str) -> dict[str, Any]:
 
 
 def _problem(model: type[Settings], error: dict) -> str:
-    where = ".".join(map(str, error["loc"])) or "config"
+    loc = tuple(map(str, error["loc"]))
+    flat = {place: name for name, place in model.flat.items()}
+    where = flat.get(loc[:2], ".".join(loc)) or "config"  # as the operator wrote it
     if error["type"] == "extra_forbidden":
-        return f"{where}: unknown setting (settings are {', '.join(model.model_fields)})"
+        return f"{where}: unknown setting (settings are {', '.join(settings(model))})"
     return f"{where}: {error['msg']} (got {error.get('input')!r})"
 
 
@@ -79,45 +142,16 @@ def validate(model: type[M], values: dict[str, Any]) -> M:
         raise ConfigError(f"invalid {model.__name__}: {problems}") from None
 
 
-class CoordinatorConfig(Settings):
-    """The coordinator process."""
+class SecurityConfig(Settings):
+    """The cluster's shared secret and TLS files (a coordinator's, a node's)."""
 
-    host: str = Field("127.0.0.1", description="address to listen on")
-    port: int = Field(7700, ge=0, le=65535, description="port to listen on (0: any free port)")
-    data_dir: str = Field("./rockstate-coordinator", description="where the table, membership and catalog are kept")
-    partitions: int = Field(128, ge=1, le=65536, description="P, for a new cluster; an existing one keeps its own")
-    heartbeat_timeout: float = Field(5.0, gt=0, description="seconds of silence after which a node is dead; a node cut off from the coordinator stops serving after half of it")
-    max_concurrent_migrations: int = Field(2, ge=1, description="partitions moving at once")
-    live_migration: bool = Field(True, description="copy a moving partition while it serves and freeze it only for the last delta; False: freeze for the whole copy")
-    max_key_bytes: int = Field(16 * MiB, ge=1, description="largest encoded key, for every node")
-    max_value_bytes: int = Field(16 * MiB, ge=1, description="largest encoded value, for every node")
-    checkpoints: str | None = Field(None, description="checkpoint storage URL (file:///..., s3://bucket/prefix); None: no checkpoints")
-    checkpoint_interval: float | None = Field(None, gt=0, description="seconds between periodic checkpoints; None: manual only")
-    retained_checkpoints: int = Field(3, ge=1, description="completed checkpoints kept in the storage")
-    checkpoint_timeout: float = Field(600.0, gt=0, description="a checkpoint not complete after this many seconds is aborted")
-    cluster_name: str = Field("default", description="folder under the checkpoint URL, so clusters can share a bucket")
     secret_file: str | None = Field(None, description="file holding the cluster's shared secret (or set ROCKSTATE_SECRET)")
     tls_cert_file: str | None = Field(None, description="PEM certificate this process presents (enables TLS)")
     tls_key_file: str | None = Field(None, description="PEM private key of tls_cert_file")
     tls_ca_file: str | None = Field(None, description="PEM CA bundle that peers' certificates must chain to")
 
 
-class NodeConfig(Settings):
-    """A node process."""
-
-    coordinator: str = Field("127.0.0.1:7700", description="the coordinator's host:port")
-    host: str = Field("127.0.0.1", description="address to listen on, and to advertise")
-    port: int = Field(0, ge=0, le=65535, description="port to listen on (0: any free port)")
-    data_dir: str = Field("./rockstate-node", description="the node's partitions and identity")
-    memory_bytes: int = Field(256 * MiB, ge=8 * MiB, description="RocksDB block cache of all its partitions, which holds their memtables, index and bloom filter blocks too")
-    heartbeat_interval: float = Field(0.5, gt=0, description="seconds between heartbeats (at most a third of the node's lease, which is half the coordinator's heartbeat_timeout)")
-    metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus /metrics port (None: off)")
-    ttl_sweep_interval: float = Field(60.0, gt=0, description="seconds between removals of expired entries")
-    request_window: float = Field(300.0, gt=0, description="seconds a write's request id is kept, so a client's retry of it is not applied twice; longer than any client's retry_timeout")
-    secret_file: str | None = Field(None, description="file holding the cluster's shared secret (or set ROCKSTATE_SECRET)")
-    tls_cert_file: str | None = Field(None, description="PEM certificate this process presents (enables TLS)")
-    tls_key_file: str | None = Field(None, description="PEM private key of tls_cert_file")
-    tls_ca_file: str | None = Field(None, description="PEM CA bundle that peers' certificates must chain to")
+_SECURITY = {name: ("security", name) for name in SecurityConfig.model_fields}
 
 
 class CheckpointConfig(Settings):
@@ -135,3 +169,39 @@ class CheckpointConfig(Settings):
     transfer_threads: int | None = Field(None, ge=1, description="files uploaded or downloaded at once (None: 16 for object stores, one per core for file systems)")
     verify_local: bool = Field(True, description="check local snapshot files' checksums before restoring from them")
     sweep: bool = Field(True, description="after each checkpoint, list the storage and delete files no retained checkpoint uses")
+
+
+class CoordinatorConfig(Settings):
+    """The coordinator process."""
+
+    flat: ClassVar = {"checkpoints": ("checkpoints", "url"), "checkpoint_interval": ("checkpoints", "interval"),
+                      "retained_checkpoints": ("checkpoints", "retained"), "checkpoint_timeout": ("checkpoints", "timeout"),
+                      "cluster_name": ("checkpoints", "cluster"), **_SECURITY}
+
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(7700, ge=0, le=65535, description="port to listen on (0: any free port)")
+    data_dir: str = Field("./rockstate-coordinator", description="where the table, membership and catalog are kept")
+    partitions: int = Field(128, ge=1, le=65536, description="P, for a new cluster; an existing one keeps its own")
+    heartbeat_timeout: float = Field(5.0, gt=0, description="seconds of silence after which a node is dead; a node cut off from the coordinator stops serving after half of it")
+    max_concurrent_migrations: int = Field(2, ge=1, description="partitions moving at once")
+    live_migration: bool = Field(True, description="copy a moving partition while it serves and freeze it only for the last delta; False: freeze for the whole copy")
+    max_key_bytes: int = Field(16 * MiB, ge=1, description="largest encoded key, for every node")
+    max_value_bytes: int = Field(16 * MiB, ge=1, description="largest encoded value, for every node")
+    checkpoints: CheckpointConfig | None = Field(None, description="checkpoint storage URL (file:///..., s3://bucket/prefix); None: no checkpoints")  # the checkpoint_* settings too
+    security: SecurityConfig = Field(default_factory=SecurityConfig, description="the settings secret_file and tls_*_file")
+
+
+class NodeConfig(Settings):
+    """A node process."""
+
+    flat: ClassVar = {"memory_bytes": ("store", "memory_bytes"), "ttl_sweep_interval": ("store", "ttl_sweep_interval"),
+                      "request_window": ("store", "request_window"), **_SECURITY}
+
+    coordinator: str = Field("127.0.0.1:7700", description="the coordinator's host:port")
+    host: str = Field("127.0.0.1", description="address to listen on, and to advertise")
+    port: int = Field(0, ge=0, le=65535, description="port to listen on (0: any free port)")
+    data_dir: str = Field("./rockstate-node", description="the node's partitions and identity")
+    heartbeat_interval: float = Field(0.5, gt=0, description="seconds between heartbeats (at most a third of the node's lease, which is half the coordinator's heartbeat_timeout)")
+    metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus /metrics port (None: off)")
+    store: StoreConfig = Field(default_factory=StoreConfig, description="the settings memory_bytes, ttl_sweep_interval and request_window; the coordinator gives partitions and the key and value limits")
+    security: SecurityConfig = Field(default_factory=SecurityConfig, description="the settings secret_file and tls_*_file")

@@ -22,10 +22,10 @@ try:
 except ImportError:  # only needed for Arrow input
     pa = None
 from .store.catalog import StateSpec, check_name
-from .store.partition import APPEND, DELETE, DELETE_MANY, DELETE_PREFIX, PUT, PUT_MANY
+from .ops import APPEND, DELETE, DELETE_MANY, DELETE_PREFIX, PUT, PUT_MANY
 
 if TYPE_CHECKING:
-    from .store.partition import Op
+    from .ops import Op
 
 SCAN_PAGE = 1000
 

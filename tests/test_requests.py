@@ -42,13 +42,13 @@ def test_a_repeated_request_applies_once_and_another_applies_again(store):
 def test_a_retried_compare_and_set_answers_with_its_first_outcome(store):
     part, key = store.partition(0), encode_key("c")
     applied, refused = requests.new_id(), requests.new_id()
-    assert requests.compare_and_set_once(part, "v", key, None, encode_value("mine"), applied) is True
+    assert part.compare_and_set("v", key, None, encode_value("mine"), applied) is True
     part.write([(PUT, "v", key, encode_value("later"))])  # another client's write after it
-    assert requests.compare_and_set_once(part, "v", key, None, encode_value("mine"), applied) is True
+    assert part.compare_and_set("v", key, None, encode_value("mine"), applied) is True
     assert part.get_many("v", [key]) == [encode_value("later")]  # not set again
-    assert requests.compare_and_set_once(part, "v", key, encode_value("other"), encode_value("x"), refused) is False
+    assert part.compare_and_set("v", key, encode_value("other"), encode_value("x"), refused) is False
     part.write([(PUT, "v", key, encode_value("other"))])
-    assert requests.compare_and_set_once(part, "v", key, encode_value("other"), encode_value("x"), refused) is False
+    assert part.compare_and_set("v", key, encode_value("other"), encode_value("x"), refused) is False
     assert part.get_many("v", [key]) == [encode_value("other")]
 
 
@@ -72,7 +72,7 @@ def test_the_copy_a_move_or_checkpoint_takes_holds_the_ids_and_a_move_hands_over
     try:
         copy.write(handed_over)
         for request, item in ((before, "before"), (after, "after")):
-            assert requests.write_once(copy, append(item), request) is False
+            assert copy.write(append(item), request) is False
         assert items(copy) == ["before", "after"]
     finally:
         copy.close()

@@ -38,19 +38,19 @@ import asyncio
 import os
 import re
 import time
-import types
 import uuid
 from typing import TYPE_CHECKING, Iterable
 
 from rocksdict import IngestExternalFileOptions, Options, SstFileWriter
 
 from ..checkpoint.manifest import checksum_file
-from ..errors import ClusterError, NotOwnerError, PartitionUnavailableError, RockstateError, UnknownStateError
+from ..errors import ClusterError, PartitionUnavailableError, RockstateError, UnknownStateError
+from ..store import Store
 from . import protocol as p
+from .gate import Gate
 
 if TYPE_CHECKING:
     from ..rpc.client import Channel
-    from .node import Node
 
 CHUNK = 8 << 20
 STALE_UPLOAD = 3600.0
@@ -114,14 +114,15 @@ def upload_and_ingest(channel: "Channel", epoch: int, pid: int, state: str, path
 class SstIngestor:
     """A node's handlers for ``IngestChunk``, ``IngestSst`` and ``IngestAbort``."""
 
-    def __init__(self, node: "Node") -> None:
-        self.node = node
+    def __init__(self, gate: Gate) -> None:
+        self.gate = gate
+        self.store: Store = None  # type: ignore[assignment] -- the node opens it once registered
         self._last_sweep = 0.0
         self.handlers = {p.IngestChunk: self.chunk, p.IngestSst: self.ingest, p.IngestAbort: self.abort}
 
     @property
     def root(self) -> str:
-        return os.path.join(self.node.store.path, "ingest")
+        return os.path.join(self.store.path, "ingest")
 
     def _path(self, upload: str) -> str:
         if not _UPLOAD.match(upload):
@@ -152,7 +153,7 @@ class SstIngestor:
         path = self._path(msg.upload)
         try:
             # the same checks as a write: waits while the partition is frozen, NOT_OWNER if not ours at that epoch
-            [(pid, _)] = await self.node._writable(types.SimpleNamespace(op=msg.op, epoch=msg.epoch, groups=[[msg.partition, None]]))
+            [pid] = await self.gate.writable([msg.partition], msg.epoch)
             return await asyncio.to_thread(self._ingest, pid, msg, path)
         finally:
             _remove(path)
@@ -162,23 +163,17 @@ class SstIngestor:
         try:
             size, checksum = checksum_file(path)
         except FileNotFoundError:
-            raise IngestUploadError(f"upload {msg.upload} is not on node {self.node.node_id}") from None
+            raise IngestUploadError(f"upload {msg.upload} is not on node {self.gate.ownership.node_id}") from None
         if (size, checksum) != (msg.size, msg.checksum):
             raise IngestUploadError(f"upload {msg.upload} has {size} bytes ({checksum}); the client sent {msg.size} ({msg.checksum})")
-        store = self.node.store
-        if msg.state not in store.specs:
+        if msg.state not in self.store.specs:
             raise UnknownStateError(f"unknown state {msg.state!r}")
-        part = store.partition(pid)
+        part = self.store.partition(pid)
         part.ensure_state(msg.state)
         options = IngestExternalFileOptions()
         options.set_move_files(True)
         with part.lock:
-            since = self.node.owned.get(pid)
-            if since is None or msg.epoch < since:  # the partition moved away while the file was checked
-                raise NotOwnerError(f"node {self.node.node_id} does not own partition {pid} any more", partition=pid,
-                                    epoch=self.node.table.epoch)
-            if getattr(part, "_recording", None) is not None:
-                raise PartitionUnavailableError(f"partition {pid} is being copied to another node; retry", partition=pid)
+            self.gate.ownership.check_ingest(pid, msg.epoch)  # moved away, or being copied, while the file was checked
             if part.db is None:
                 raise PartitionUnavailableError(f"partition {pid} is closed (moving or being restored); retry", partition=pid)
             part.db.get_column_family(msg.state).ingest_external_file([path], options)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..api import Rockstate
-from ..config import CoordinatorConfig, NodeConfig
+from ..config import CoordinatorConfig, NodeConfig, SecurityConfig, flat_values
 from ..errors import ClusterError
 from ..store.store import read_json
 from .client import ClusterBackend, connect
@@ -81,14 +81,14 @@ class LocalCluster:
         self.secret = secret
         self.checkpoints, self.checkpoint_interval = checkpoints, checkpoint_interval
         self.coordinator_settings = dict(coordinator_settings or {})  # more CoordinatorConfig fields
-        self._security: dict[str, str | None] = {"secret_file": None, "tls_cert_file": None, "tls_key_file": None, "tls_ca_file": None}
+        secret_file = None
         if secret:
-            path = os.path.join(self.root, "secret")
-            with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            secret_file = os.path.join(self.root, "secret")
+            with open(os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
                 f.write(secret)
-            self._security["secret_file"] = path
-        if tls:
-            self._security.update(tls_cert_file=tls["cert"], tls_key_file=tls["key"], tls_ca_file=tls["ca"])
+        tls = tls or {}
+        self.security = SecurityConfig(secret_file=secret_file, tls_cert_file=tls.get("cert"), tls_key_file=tls.get("key"),
+                                       tls_ca_file=tls.get("ca"))
         self._node_dirs: dict[str, str] = {}  # node id -> data dir
         self._next_dir = 0
         self.address = ""
@@ -98,7 +98,7 @@ class LocalCluster:
     def _coordinator_config(self, port: int) -> CoordinatorConfig:
         return CoordinatorConfig(
             host="127.0.0.1", port=port, data_dir=os.path.join(self.root, "coordinator"),
-            partitions=self.partitions, heartbeat_timeout=self.heartbeat_timeout, **self._security,
+            partitions=self.partitions, heartbeat_timeout=self.heartbeat_timeout, security=self.security,
             checkpoints=self.checkpoints, checkpoint_interval=self.checkpoint_interval, **self.coordinator_settings,
         )
 
@@ -135,7 +135,7 @@ class LocalCluster:
     # -- clients -----------------------------------------------------------
 
     def _client_options(self) -> dict:
-        return {"secret": self.secret, "ssl": client_context(self._security["tls_ca_file"])}
+        return {"secret": self.secret, "ssl": client_context(self.security.tls_ca_file)}
 
     def connect(self, **options: Any) -> Rockstate:
         return connect(self.address, **{**self._client_options(), **options})
@@ -174,7 +174,7 @@ class LocalCluster:
         config = NodeConfig(
             coordinator=coordinator or self.address, host="127.0.0.1", port=0, data_dir=data_dir,
             memory_bytes=self.node_memory_bytes, heartbeat_interval=min(0.5, self.heartbeat_timeout / 5),
-            **self._security,
+            security=self.security,
         )
         info = self._runner.start_node(config)
         self._node_dirs[info.node_id] = data_dir
@@ -211,23 +211,11 @@ class _ProcessRunner:
         self.procs: dict[str, tuple[subprocess.Popen, NodeInfo]] = {}
 
     @staticmethod
-    def _security_flags(config) -> list[str]:
-        flags = []
-        for name in ("secret_file", "tls_cert_file", "tls_key_file", "tls_ca_file"):
-            if getattr(config, name):
-                flags += [f"--{name.replace('_', '-')}", getattr(config, name)]
-        return flags
-
-    @staticmethod
-    def _setting_flags(config: CoordinatorConfig) -> list[str]:
-        """Flags for the settings that differ from the defaults (and are not given explicitly)."""
-        explicit = {"host", "port", "data_dir", "partitions", "heartbeat_timeout", "secret_file", "tls_cert_file", "tls_key_file", "tls_ca_file"}
-        flags = []
-        for name, field in CoordinatorConfig.model_fields.items():
-            value = getattr(config, name)
-            if name not in explicit and value != field.default:
-                flags += [f"--{name.replace('_', '-')}", str(value)]
-        return flags
+    def _flags(config: CoordinatorConfig | NodeConfig) -> list[str]:
+        """A flag for every setting that differs from its default."""
+        defaults = flat_values(type(config)())
+        return [arg for name, value in flat_values(config).items() if value != defaults[name]
+                for arg in (f"--{name.replace('_', '-')}", str(value))]
 
     def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen:
         log = open(os.path.join(self.logs, log_name), "ab")
@@ -249,21 +237,11 @@ class _ProcessRunner:
         return wait_until(ready, START_TIMEOUT, f"{what} to start")
 
     def start_coordinator(self, config: CoordinatorConfig) -> str:
-        self.coordinator = self._spawn(
-            ["coordinator", "--host", config.host, "--port", str(config.port), "--data-dir", config.data_dir,
-             "--partitions", str(config.partitions), "--heartbeat-timeout", str(config.heartbeat_timeout),
-             *self._security_flags(config), *self._setting_flags(config)],
-            "coordinator.log",
-        )
+        self.coordinator = self._spawn(["coordinator", *self._flags(config)], "coordinator.log")
         return self._address_of(self.coordinator, config.data_dir, "the coordinator")["address"]
 
     def start_node(self, config: NodeConfig) -> NodeInfo:
-        proc = self._spawn(
-            ["node", "--coordinator", config.coordinator, "--host", config.host, "--port", "0",
-             "--data-dir", config.data_dir, "--memory-bytes", str(config.memory_bytes),
-             "--heartbeat-interval", str(config.heartbeat_interval), *self._security_flags(config)],
-            f"{os.path.basename(config.data_dir)}.log",
-        )
+        proc = self._spawn(["node", *self._flags(config)], f"{os.path.basename(config.data_dir)}.log")
         try:
             found = self._address_of(proc, config.data_dir, f"node in {config.data_dir}")
         except BaseException:

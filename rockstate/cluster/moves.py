@@ -14,19 +14,30 @@ the target serves, the source drops its copy, and the writes that waited
 are refused there (NOT_OWNER) and retried at the target. Writes wait only
 for the last delta, however large the partition.
 
-Transitions, on the source: SERVING --copy--> RECORDING --catch-up delta-->
-RECORDING --freeze--> FROZEN --last delta--> HANDED_OVER --new table-->
-dropped. Any failure before the new table: the coordinator unfreezes the
-source, which discards the copy and the recording and serves on.
+The coordinator's side is ``control/migration.py`` (the steps, and the
+rollback: unfreeze the source, which discards the copy and the recording and
+serves on); the source's states are ``control/ownership.py``'s. Here: the
+node's handlers for each step, and the files they move.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
+import logging
+import time
+from typing import Awaitable, Callable
 
+from ..control.migration import Migration, Step
+from ..errors import ClusterError, RockstateError
+from ..rpc.client import AsyncChannel
 from ..store import Store
 from ..store.store import partition_dir
+from . import protocol as p
+from .gate import Gate
+
+log = logging.getLogger(__name__)
 
 CHUNK = 4 << 20
 
@@ -49,7 +60,7 @@ class MoveSource:
 
     def chunk(self, pid: int, name: str, offset: int, length: int) -> bytes:
         if os.sep in name or name.startswith("."):
-            raise ValueError(f"bad file name {name!r}")
+            raise ClusterError(f"bad file name {name!r} in a move of partition {pid}")
         with open(os.path.join(self._dir(pid), name), "rb") as f:
             f.seek(offset)
             return f.read(min(length, CHUNK))
@@ -92,3 +103,150 @@ class MoveTarget:
 
     def discard(self, pid: int) -> None:
         shutil.rmtree(self.dir(pid), ignore_errors=True)
+
+
+class NodeMoves:
+    """A node's handlers for the steps of a move, as its source and as its target."""
+
+    def __init__(self, gate: Gate, peer: Callable[[str], AsyncChannel], settled: Callable[[int], Awaitable[None]]) -> None:
+        self.gate, self.own = gate, gate.ownership
+        self.peer = peer  # a kept connection to the node at an address
+        self.settled = settled  # waits until an earlier copy of the partition is gone
+        self.source: MoveSource = None  # type: ignore[assignment] -- set by attach()
+        self.target: MoveTarget = None  # type: ignore[assignment]
+        self.handlers = {
+            p.Freeze: self.freeze,
+            p.Thaw: self.thaw,
+            p.Release: self.release,
+            p.Pull: self.pull,
+            p.PullDelta: self.pull_delta,
+            p.PullDiscard: self.pull_discard,
+            p.MoveCopy: self.move_copy,
+            p.MoveChunk: self.move_chunk,
+            p.MoveDelta: self.move_delta,
+            p.MoveDiscard: self.move_discard,
+        }
+
+    def attach(self, store: Store) -> None:
+        self.store, self.source, self.target = store, MoveSource(store), MoveTarget(store)
+
+    # -- the source -------------------------------------------------------------------
+
+    async def freeze(self, msg: p.Freeze, conn) -> None:
+        if msg.frozen:
+            self.own.freeze(msg.partition)
+        else:
+            self.gate.unfreeze(msg.partition)
+
+    async def move_copy(self, msg: p.MoveCopy, conn) -> list:
+        return await asyncio.to_thread(self.source.copy, self.own.copy(msg.partition))
+
+    async def move_chunk(self, msg: p.MoveChunk, conn) -> bytes:
+        return await asyncio.to_thread(self.source.chunk, self.own.check_owned(msg.partition), msg.name, msg.offset, msg.length)
+
+    async def move_delta(self, msg: p.MoveDelta, conn) -> list:
+        return self.source.delta(self.own.delta(msg.partition, msg.final), msg.final)
+
+    async def move_discard(self, msg: p.MoveDiscard, conn) -> None:
+        pid = self.own.check_range(msg.partition)
+        self.source.discard(pid)
+        self.own.discard(pid)
+
+    async def release(self, msg: p.Release, conn) -> None:
+        """Stop serving a partition whose new owner is about to be committed; its files stay until the
+        new table arrives (a table that still names this node, after a crashed move, takes it back)."""
+        self.gate.release(msg.partition)
+
+    async def thaw(self, msg: p.Thaw, conn) -> None:
+        """From a restarted coordinator: moves in flight are over; partitions released for a move that
+        never committed are served again once the next table (which the coordinator sends) names them."""
+        for pid in self.gate.thaw():
+            self.source.discard(pid)
+
+    # -- the target -------------------------------------------------------------------
+
+    async def pull(self, msg: p.Pull, conn) -> int:
+        """Phase 1: fetch the source's copy while it serves, open it, catch up."""
+        pid = self.own.check_range(msg.partition)
+        if self.own.owns(pid):
+            raise ClusterError(f"node {self.own.node_id} already owns partition {pid}")
+        await self.settled(pid)
+        target = self.target.start(pid)
+        source = self.peer(msg.source)
+        copied = 0
+        try:
+            for name, size in await source.call(p.MoveCopy(partition=pid)):
+                with open(os.path.join(target, name), "wb") as f:
+                    while f.tell() < size:
+                        data = await source.call(p.MoveChunk(partition=pid, name=name, offset=f.tell(), length=CHUNK))
+                        if not data:
+                            raise ClusterError(f"{name} of partition {pid} ended at {f.tell()} of {size} bytes")
+                        f.write(data)
+                copied += size
+            await asyncio.to_thread(self.target.install, pid)
+            catch_up = await source.call(p.MoveDelta(partition=pid, final=False))
+            await asyncio.to_thread(self.target.apply, pid, catch_up)
+        except BaseException:
+            self.target.discard(pid)
+            self.store.close_partition(pid, drop=True)
+            raise
+        return copied
+
+    async def pull_delta(self, msg: p.PullDelta, conn) -> int:
+        """Phase 2: the source is frozen; apply the last writes it recorded."""
+        pid = self.own.check_range(msg.partition)
+        delta = await self.peer(msg.source).call(p.MoveDelta(partition=pid, final=True))
+        self.target.apply(pid, delta)
+        return len(delta)
+
+    async def pull_discard(self, msg: p.PullDiscard, conn) -> None:
+        if not self.own.owns(self.own.check_range(msg.partition)):
+            self.store.close_partition(msg.partition, drop=True)
+        self.target.discard(msg.partition)
+
+
+# -- the coordinator's side -------------------------------------------------------------
+
+
+async def run_move(m: Migration, src: AsyncChannel | None, dst: AsyncChannel, source_address: str | None,
+                   commit: Callable[[], Awaitable[None]], event: Callable[..., None]) -> None:
+    """Carry out the move's steps with requests to its source and target, and ``commit`` (the new table)."""
+    where = {"partition": m.partition, "source": m.source, "target": m.target}
+    pid = m.partition
+
+    def request(step: Step) -> Awaitable:
+        if step is Step.COMMIT:
+            return commit()
+        if step is Step.PULL:
+            return dst.call(p.Pull(partition=pid, source=source_address), timeout=3600.0)
+        if step is Step.FREEZE:
+            return src.call(p.Freeze(partition=pid))
+        if step is Step.DELTA:
+            return dst.call(p.PullDelta(partition=pid, source=source_address), timeout=600.0)
+        if step is Step.RELEASE:  # before the table changes: no two nodes ever serve the partition at once
+            return src.call(p.Release(partition=pid))
+        return asyncio.gather(src.call(p.Freeze(partition=pid, frozen=False)), src.call(p.MoveDiscard(partition=pid)),
+                              dst.call(p.PullDiscard(partition=pid)), return_exceptions=True)
+
+    if m.copies:
+        event("migration_started", **where)
+    step = m.start(time.monotonic())
+    try:
+        while step is not Step.DONE:
+            try:
+                result = await request(step)
+            except RockstateError as e:
+                if step is not Step.RELEASE:
+                    raise
+                # unreachable: it learns of the new table by its next heartbeat, and its lease ends before
+                log.warning("could not make %s let go of partition %d: %s", m.source, pid, e)
+                step = m.failed(time.monotonic())
+                continue
+            step = m.done(time.monotonic(), result)
+    except BaseException:
+        if m.failed(time.monotonic()) is Step.ROLLBACK:
+            await request(Step.ROLLBACK)
+            event("migration_failed", **where)
+        raise
+    if m.copies:
+        event("migration_finished", **where, **m.report())

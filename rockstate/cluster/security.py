@@ -13,6 +13,7 @@ import os
 import ssl
 from dataclasses import dataclass
 
+from ..config import SecurityConfig
 from ..errors import ConfigError
 
 SECRET_ENV = "ROCKSTATE_SECRET"
@@ -45,7 +46,7 @@ class Security:
         return f"Security(secret={'set' if self.secret else 'none'}, tls={self.server_ssl is not None or self.client_ssl is not None})"
 
     @classmethod
-    def from_config(cls, config) -> "Security":
+    def from_config(cls, config: SecurityConfig) -> "Security":
         return cls(
             load_secret(config.secret_file),
             server_context(config.tls_cert_file, config.tls_key_file, config.tls_ca_file),

@@ -133,7 +133,8 @@ class Ownership:
             raise PartitionUnavailableError(
                 f"node {self.node_id} has not heard from the coordinator for {silent:.1f}s (lease {self.lease:g}s); "
                 f"it serves partition {pid} again once it does", partition=pid)
-        if not self.owns(pid) or epoch < self.since[pid]:
+        phase = self.phase.get(pid)
+        if phase is None or phase is Phase.RELEASED or epoch < self.since[pid]:
             raise NotOwnerError(
                 f"node {self.node_id} does not own partition {pid} at epoch {epoch} "
                 f"(owner: {self.owners[pid] if self.owners else None}, table epoch {self.epoch})",

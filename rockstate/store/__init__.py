@@ -1,7 +1,8 @@
 """One process's partitions: RocksDB per partition, states, TTL, staged transactions."""
 
 from .catalog import KINDS, StateSpec, check_name
-from .partition import APPEND, DELETE, DELETE_MANY, DELETE_PREFIX, PUT, PUT_MANY, Partition, Resources
+from ..ops import APPEND, DELETE, DELETE_MANY, DELETE_PREFIX, PUT, PUT_MANY
+from .partition import Partition, Resources
 from .store import Store
 
 __all__ = [

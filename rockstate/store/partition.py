@@ -19,116 +19,17 @@ import threading
 import time
 from typing import Callable, Iterator, Sequence
 
-import msgpack
 from rocksdict import BlockBasedOptions, Cache, Checkpoint, Options, Rdict, WriteBatch, WriteBufferManager
 
-from ..errors import PartitionUnavailableError, ProtocolError, SizeLimitError
+from ..errors import PartitionUnavailableError
+from ..ops import APPEND, DELETE, DELETE_MANY, DELETE_PREFIX, DELETE_RANGE, PUT, PUT_MANY, RAW_PUT, Op
+from . import requests
 from .catalog import RESERVED_PREFIX, StateSpec, unknown_state
 
-# Write operations, as sent over the wire: [op, state, key, value].
-# PUT_MANY and DELETE_MANY carry lists of keys (and values): one op per batch
-# keeps the hot path and the wire compact. RAW_PUT stores the value as given
-# (a TTL header included), DELETE_RANGE deletes keys in [key, value).
-PUT, DELETE, APPEND, DELETE_PREFIX, PUT_MANY, DELETE_MANY, RAW_PUT, DELETE_RANGE = 0, 1, 2, 3, 4, 5, 6, 7
-Op = Sequence  # (op, state, key, value)
-_CODES = "0 PUT, 1 DELETE, 2 APPEND, 3 DELETE_PREFIX, 4 PUT_MANY, 5 DELETE_MANY, 6 RAW_PUT, 7 DELETE_RANGE"
-_ONE_KEY = {PUT: True, APPEND: True, RAW_PUT: True, DELETE_RANGE: True, DELETE: False, DELETE_PREFIX: False}  # -> takes a value
-_STORES = frozenset((PUT, APPEND, RAW_PUT))  # single-key ops that store their key and value (size-limited)
+__all__ = ["APPEND", "DELETE", "DELETE_MANY", "DELETE_PREFIX", "DELETE_RANGE", "PUT", "PUT_MANY", "RAW_PUT", "Op",
+           "Partition", "Resources", "now_ms", "prefix_end"]
 
 _EXPIRY = struct.Struct(">Q")
-
-
-def check_ops(ops: object, specs: dict[str, StateSpec], where: str,
-              max_key: int | None = None, max_value: int | None = None) -> None:
-    """Check write ops received over the wire before any of them is applied: shape, op codes, states and sizes.
-
-    With ``max_key`` and ``max_value`` (the cluster's ``max_key_bytes`` and
-    ``max_value_bytes``), what an op stores is held to the limits the client
-    holds encoded keys and values to (see ``check_size``), so a peer that
-    bypasses the client gets the same ``SizeLimitError``. The items of
-    PUT_MANY / DELETE_MANY lists are only measured here, with ``len`` in a C
-    loop (looking at each in Python would cost on the hot path): one that is
-    not bytes fails its group as it is applied.
-    """
-    if type(ops) is not list:
-        raise ProtocolError(f"ops of {where} must be a list of [code, state, key, value], not {type(ops).__name__}")
-    sized = max_key is not None
-    for i, op in enumerate(ops):
-        if type(op) not in (list, tuple) or len(op) != 4:
-            raise ProtocolError(f"op {i} of {where} is {op!r:.100}; an op is [code, state, key, value]")
-        code, state, key, value = op
-        if type(state) is not str:
-            raise ProtocolError(f"state of op {i} of {where} must be a str, not {type(state).__name__}")
-        spec = specs.get(state)
-        if spec is None and not state.startswith(RESERVED_PREFIX):
-            raise unknown_state(state)
-        if code in (PUT_MANY, DELETE_MANY):
-            if type(key) is not list:
-                raise ProtocolError(f"key of op {i} of {where} (PUT_MANY/DELETE_MANY) must be a list of bytes, not {type(key).__name__}")
-            if code == PUT_MANY:
-                if type(value) is not list or len(value) != len(key):
-                    got = f"{len(value)} values" if type(value) is list else f"a {type(value).__name__}"
-                    raise ProtocolError(f"op {i} of {where} (PUT_MANY) has {len(key)} keys and {got}; it needs a list of values as long")
-                if sized and spec is not None and key:
-                    try:  # the hot path: two C loops, no Python per item
-                        over = len(max(key, key=len)) > max_key or len(max(value, key=len)) > max_value
-                    except TypeError:  # an item without a length
-                        bad = next(x for x in (*key, *value) if not hasattr(x, "__len__"))
-                        raise ProtocolError(f"op {i} of {where} (PUT_MANY) holds a {type(bad).__name__}; keys and values are bytes") from None
-                    if over:  # find and name the first too long (a map's keys and a list's values may be longer)
-                        for k, v in zip(key, value):
-                            if type(k) is bytes and type(v) is bytes and (len(k) > max_key or len(v) > max_value):  # others fail as applied
-                                check_size(spec, PUT, k, v, f"op {i} of {where}", max_key, max_value)
-        elif type(code) is int and code in _ONE_KEY:
-            if type(key) is not bytes:
-                raise ProtocolError(f"key of op {i} of {where} must be bytes, not {type(key).__name__}")
-            if _ONE_KEY[code] and type(value) is not bytes:
-                raise ProtocolError(f"value of op {i} of {where} must be bytes, not {type(value).__name__}")
-            if sized and spec is not None and code in _STORES and (len(key) > max_key or len(value) > max_value):
-                check_size(spec, code, key, value, f"op {i} of {where}", max_key, max_value)  # over, unless allowed more
-        else:
-            raise ProtocolError(f"unknown op code {code!r} in op {i} of {where}; codes are {_CODES}")
-
-
-def check_size(spec: StateSpec, code: int, key: bytes, value: bytes, what: str, max_key: int, max_value: int) -> None:
-    """Hold a stored key and value to the cluster's limits, as the client holds what it encodes.
-
-    The client limits each encoded key and value, so a map entry's key (the
-    key, then the user key) may take ``2 * max_key``, a list's value
-    (its items' encodings, concatenated) any length with items of at most
-    ``max_value``, and a RAW_PUT to a state with a TTL 8 more bytes (the
-    expiry header). States of the system's own ('_' names) are not limited.
-    """
-    limit = 2 * max_key if spec.kind == "map" else max_key
-    if len(key) > limit:
-        detail = f" (a map entry's key is its key and user key, max_key_bytes={max_key} each)" if spec.kind == "map" else " (max_key_bytes)"
-        raise SizeLimitError(f"key of {len(key)} bytes in {what} (state {spec.name!r}) is over the limit of {limit} bytes{detail}",
-                             limit=limit, size=len(key), state=spec.name)
-    header = _EXPIRY.size if code == RAW_PUT and spec.ttl else 0
-    if len(value) - header <= max_value:
-        return
-    if spec.kind != "list":
-        after = f" after its {header}-byte expiry header" if header else ""
-        raise SizeLimitError(f"value of {len(value) - header} bytes{after} in {what} (state {spec.name!r}) is over the limit "
-                             f"of {max_value} bytes (max_value_bytes)", limit=max_value, size=len(value) - header, state=spec.name)
-    item = _largest_item(value, header)
-    if item > max_value:
-        raise SizeLimitError(f"value of {item} bytes (an item of the list in {what}, state {spec.name!r}) is over the limit of "
-                             f"{max_value} bytes (max_value_bytes)", limit=max_value, size=item, state=spec.name)
-
-
-def _largest_item(data: bytes, start: int = 0) -> int:
-    """The largest encoded value in a concatenation of them (a list state's value); all of it if it is not one."""
-    unpacker = msgpack.Unpacker(raw=True, max_buffer_size=len(data))
-    unpacker.feed(memoryview(data)[start:])
-    largest = offset = 0
-    try:
-        while offset < len(data) - start:
-            unpacker.skip()
-            largest, offset = max(largest, unpacker.tell() - offset), unpacker.tell()
-    except Exception:  # noqa: BLE001 -- not encoded values (msgpack raises several types): one item
-        return len(data) - start
-    return largest
 
 
 def now_ms() -> int:
@@ -218,23 +119,41 @@ class Partition:
 
     # -- writes ----------------------------------------------------------
 
-    def write(self, ops: Sequence[Op]) -> None:
-        """Apply ``ops`` atomically (one RocksDB WriteBatch)."""
+    def write(self, ops: Sequence[Op], request: bytes | None = None) -> bool:
+        """Apply ``ops`` atomically (one RocksDB WriteBatch), once per ``request`` id (see requests.py);
+        answers whether they applied now. A move in progress records them, the request id with them."""
         with self.lock:
+            if request is not None:
+                if self.raw_get_one(requests.REQUESTS, request) is not None:
+                    return False
+                ops = [*ops, (PUT, requests.REQUESTS, request, requests.WRITTEN)]
             self._open().write(self._batch(ops))
             if self._recording is not None:
                 self._recording.extend(ops)
+            return True
 
-    def compare_and_set(self, state: str, key: bytes, expected: bytes | None, new: bytes) -> bool:
+    def compare_and_set(self, state: str, key: bytes, expected: bytes | None, new: bytes, request: bytes | None = None) -> bool:
         """Store ``new`` at ``key`` if its live value is ``expected`` (None: absent); returns whether it did.
 
-        Atomic under the lock; an applied one is a PUT through ``write``, so a move records it.
+        Atomic under the lock; an applied one is a PUT through ``write``, so a move records it. A retry of
+        ``request`` is answered from its first attempt's outcome, kept with the request id.
         """
         with self.lock:
-            if self.get_many(state, [key])[0] != expected:
-                return False
-            self.write([(PUT, state, key, new)])
-            return True
+            seen = None if request is None else self.raw_get_one(requests.REQUESTS, request)
+            if seen is not None:
+                return seen == requests.SET
+            applied = self.get_many(state, [key])[0] == expected
+            ops = [(PUT, state, key, new)] if applied else []
+            if request is not None:
+                ops.append((PUT, requests.REQUESTS, request, requests.SET if applied else requests.NOT_SET))
+            if ops:
+                self.write(ops)
+            return applied
+
+    def forget_requests(self, window: float, now: float | None = None) -> None:
+        """Drop the request ids whose time is more than ``window`` seconds before ``now``."""
+        if requests.REQUESTS in self.states():
+            self.write([(DELETE_RANGE, requests.REQUESTS, b"", requests.cutoff(window, now))])
 
     # -- copies: checkpoints and moves -------------------------------------
 

@@ -8,7 +8,8 @@ client names each write and compare-and-set with an id that it keeps across
 its retries: 8 bytes of its clock (milliseconds, big-endian), then 8 random
 bytes. The owner stores the id in the partition's ``_requests`` column family
 in the same WriteBatch as the request's ops, with a compare-and-set's answer
-as its value; a request whose id is there is answered from it instead.
+as its value; a request whose id is there is answered from it instead
+(``Partition.write`` and ``Partition.compare_and_set`` do this).
 
 The ids live in the partition's RocksDB, so they move with it (a move hands
 them over like any write) and are in its checkpoints: after a failover, a
@@ -26,16 +27,14 @@ from __future__ import annotations
 import random
 import struct
 import time
-from typing import Sequence
 
 from ..errors import ProtocolError
-from .partition import DELETE_RANGE, PUT, Op, Partition
 
 REQUESTS = "_requests"
 ID_BYTES = 16
 _CLOCK = struct.Struct(">Q")
 _ID = struct.Struct(">QQ")
-_WRITTEN, _SET, _NOT_SET = b"w", b"\x01", b"\x00"
+WRITTEN, SET, NOT_SET = b"w", b"\x01", b"\x00"  # what an id is stored with: a write's, a compare-and-set's outcome
 
 
 def new_id() -> bytes:
@@ -49,34 +48,6 @@ def check_id(request: object, op: str) -> None:
                             f"(8 of the client's clock in ms, 8 random), not {request!r:.60}", op=op, field="request")
 
 
-def write_once(part: Partition, ops: Sequence[Op], request: bytes | None) -> bool:
-    """Apply ``ops`` (atomically) unless ``request`` already applied them; answers whether they applied now."""
-    if request is None:
-        part.write(ops)
-        return True
-    with part.lock:
-        if part.raw_get_one(REQUESTS, request) is not None:
-            return False
-        part.write([*ops, (PUT, REQUESTS, request, _WRITTEN)])
-        return True
-
-
-def compare_and_set_once(part: Partition, state: str, key: bytes, expected: bytes | None, new: bytes,
-                         request: bytes | None) -> bool:
-    """``Partition.compare_and_set``, answered from the first attempt's outcome when ``request`` is a retry."""
-    if request is None:
-        return part.compare_and_set(state, key, expected, new)
-    with part.lock:
-        seen = part.raw_get_one(REQUESTS, request)
-        if seen is not None:
-            return seen == _SET
-        applied = part.get_many(state, [key])[0] == expected
-        part.write([*([(PUT, state, key, new)] if applied else []), (PUT, REQUESTS, request, _SET if applied else _NOT_SET)])
-        return applied
-
-
-def forget_older(part: Partition, window: float, now: float | None = None) -> None:
-    """Drop the ids whose time is more than ``window`` seconds before ``now``."""
-    if REQUESTS in part.states():
-        cutoff = max(0, int(((time.time() if now is None else now) - window) * 1000))
-        part.write([(DELETE_RANGE, REQUESTS, b"", _CLOCK.pack(cutoff))])
+def cutoff(window: float, now: float | None = None) -> bytes:
+    """The smallest id still kept: ids sort by their time, so older ones go by one range delete."""
+    return _CLOCK.pack(max(0, int(((time.time() if now is None else now) - window) * 1000)))

@@ -29,7 +29,8 @@ import struct
 import msgpack
 
 from ..errors import RollbackError
-from .partition import APPEND, DELETE, DELETE_MANY, DELETE_PREFIX, DELETE_RANGE, PUT, PUT_MANY, RAW_PUT, Partition, prefix_end
+from ..ops import APPEND, DELETE, DELETE_MANY, DELETE_PREFIX, DELETE_RANGE, PUT, PUT_MANY, RAW_PUT
+from .partition import Partition, prefix_end
 
 STAGED, UNDO, META = "_staged", "_undo", "_meta"
 INTERNAL_STATES = (STAGED, UNDO, META)

@@ -18,8 +18,10 @@ from typing import Callable, Iterable
 
 from ..config import StoreConfig
 from ..errors import PartitionCountError, PartitionRangeError, PartitionUnavailableError, StoreClosedError, StoreLockedError
+from ..errors import ProtocolError, RockstateError
 from . import requests
 from .catalog import StateSpec
+from .checks import check_ops
 from .partition import Partition, Resources
 
 
@@ -145,7 +147,25 @@ class Store:
 
     def write(self, pid: int, ops, request: bytes | None = None) -> bool:
         """Apply ``ops`` to partition ``pid`` once per ``request`` id; answers whether they applied now."""
-        return requests.write_once(self.partition(pid), ops, request)
+        return self.partition(pid).write(ops, request)
+
+    def check_ops(self, groups: list) -> None:
+        """Every group's ops, as received over the wire: shape, states, and the key and value size limits."""
+        for pid, ops in groups:
+            check_ops(ops, self.specs, f"partition {pid}", self.config.max_key_bytes, self.config.max_value_bytes)
+
+    def write_groups(self, groups: list, request: bytes | None = None) -> list[bool]:
+        """A node's ``Write``: every group's ops checked before any applies, then each group applied (atomically,
+        once per ``request`` id) to its partition; answers which applied now."""
+        requests.check_id(request, "write")
+        self.check_ops(groups)
+        applied = []
+        for pid, ops in groups:
+            try:
+                applied.append(self.partition(pid).write(ops, request))
+            except (KeyError, TypeError, ValueError) as e:
+                raise not_bytes(e, f"ops of partition {pid}")
+        return applied
 
     def get_many(self, pid: int, state: str, keys: list[bytes]) -> list[bytes | None]:
         return self.partition(pid).get_many(state, keys)
@@ -178,7 +198,7 @@ class Store:
 
     def forget_requests(self, now: float | None = None) -> None:
         """Drop request ids older than ``request_window`` (see store/requests.py)."""
-        self._each_owned(lambda part: requests.forget_older(part, self.config.request_window, now))
+        self._each_owned(lambda part: part.forget_requests(self.config.request_window, now))
 
     def sweep_expired(self) -> int:
         return sum(self._each_owned(lambda part: part.sweep_expired(name, should_stop=self._stop.is_set))
@@ -208,6 +228,13 @@ class Store:
         if self._lock_file is not None:
             self._lock_file.close()
             self._lock_file = None
+
+
+def not_bytes(e: Exception, what: str) -> Exception:
+    """rocksdict's error about a key or value that is not bytes, as the ProtocolError it is."""
+    if isinstance(e, RockstateError):  # UnknownStateError is a KeyError too
+        return e
+    return ProtocolError(f"{what}: {e.args[0] if e.args else e}; keys and values are bytes")
 
 
 def _lock(path: str):

@@ -1,0 +1,174 @@
+"""Messages a node serves to the coordinator and to other nodes: the table, checkpoints, moves, bulk ingestion."""
+
+from __future__ import annotations
+
+from .base import I64, MAX_FRAME, Message, Ranged
+
+
+# -- served by a node: asked by the coordinator -----------------------------------
+
+
+class NodeStats(Message):
+    """Entries and bytes per state and per owned partition."""
+
+    op = "node_stats"
+
+
+class NodeCount(Message):
+    """Live entries of a state across the node's partitions."""
+
+    op = "node_count"
+    state: str
+
+
+class NodeDefineState(Message):
+    op = "node_define_state"
+    spec: dict
+
+
+class ApplyTable(Message):
+    """The current table: the node opens partitions it now owns and drops those it no longer does."""
+
+    op = "apply_table"
+    table: dict
+
+
+class SnapshotPartitions(Ranged, Message):
+    """Barrier of checkpoint ``checkpoint``: snapshot and upload these partitions; answers their manifests."""
+
+    op = "snapshot_partitions"
+    ranges = {"checkpoint": (0, I64)}
+    checkpoint: int
+    retained: list
+    partitions: list
+
+
+class FinishCheckpoint(Ranged, Message):
+    """Checkpoint ``checkpoint`` completed (its files may be referenced from now on) or was aborted."""
+
+    op = "finish_checkpoint"
+    ranges = {"checkpoint": (0, I64)}
+    checkpoint: int
+    completed: bool
+    partitions: list
+
+
+class RestorePartitions(Ranged, Message):
+    """Replace these partitions with their copy in a checkpoint (``base``: a savepoint's folder)."""
+
+    op = "restore_partitions"
+    ranges = {"checkpoint": (0, I64)}
+    checkpoint: int
+    partitions: list
+    base: str = ""
+
+
+class Freeze(Message):
+    """Stop writes to a partition that is about to move (reads go on); ``frozen=False`` lifts it."""
+
+    op = "freeze"
+    partition: int
+    frozen: bool = True
+
+
+class Release(Message):
+    """The partition is about to get a new owner: stop serving it now (requests get NOT_OWNER meanwhile)."""
+
+    op = "release"
+    partition: int
+
+
+class Thaw(Message):
+    """From a restarted coordinator: no move is in flight any more; unfreeze everything, drop move copies."""
+
+    op = "thaw"
+
+
+class Pull(Message):
+    """Move phase 1, on the target: fetch a copy of the partition from its owner at ``source``; answers bytes."""
+
+    op = "pull"
+    partition: int
+    source: str
+
+
+class PullDelta(Message):
+    """Move phase 2, on the target (the source is frozen): install the copy, apply the writes made since."""
+
+    op = "pull_delta"
+    partition: int
+    source: str
+
+
+class PullDiscard(Message):
+    """A move failed: the target drops what it fetched."""
+
+    op = "pull_discard"
+    partition: int
+
+
+class MoveCopy(Message):
+    """On the source: take a copy to hand over and record writes from now on; answers [[file, size], ...]."""
+
+    op = "move_copy"
+    partition: int
+
+
+class MoveChunk(Ranged, Message):
+    op = "move_chunk"
+    ranges = {"offset": (0, I64), "length": (1, MAX_FRAME)}
+    partition: int
+    name: str
+    offset: int
+    length: int
+
+
+class MoveDelta(Message):
+    """On the source: the writes since the copy or the last delta; ``final`` (frozen): recording ends."""
+
+    op = "move_delta"
+    partition: int
+    final: bool = True
+
+
+class MoveDiscard(Message):
+    """A move failed: the source drops the copy and stops recording."""
+
+    op = "move_discard"
+    partition: int
+
+
+# -- served by a node: bulk ingestion of SST files (see cluster/ingest.py) -----------
+
+
+class IngestChunk(Ranged, Message):
+    """Bytes of an SST file being uploaded for ``IngestSst``, written at ``offset``; answers the end offset. Safe to retry."""
+
+    op = "ingest_chunk"
+    ranges = {"offset": (0, I64)}
+    upload: str
+    offset: int
+    data: bytes
+
+
+class IngestSst(Ranged, Message):
+    """Ingest upload ``upload`` (``size`` bytes, ``checksum``) into ``state`` of a partition; answers its size.
+
+    The upload is removed whatever the outcome; a retry uploads again.
+    """
+
+    op = "ingest_sst"
+    ranges = {"size": (0, I64)}
+    epoch: int
+    partition: int
+    state: str
+    upload: str
+    size: int
+    checksum: str
+
+
+class IngestAbort(Message):
+    """Drop an upload that will not be ingested."""
+
+    op = "ingest_abort"
+    upload: str

@@ -1,0 +1,116 @@
+"""A node's data handlers: writes, reads, scans, staged batches, counts.
+
+Each asks the gate (``gate.py``) whether this node may serve the partitions
+at the request's epoch, waiting while one is frozen for a write, then hands
+the request to the store in one call.
+"""
+
+from __future__ import annotations
+
+from ..errors import ProtocolError
+from ..ops import DELETE_MANY, PUT, PUT_MANY
+from ..store import StateSpec, Store, requests, staging
+from ..store.checks import check_size
+from ..store.store import not_bytes
+from . import protocol as p
+from .gate import Gate
+from .metrics import NodeMetrics
+
+
+class DataHandlers:
+    def __init__(self, gate: Gate, metrics: NodeMetrics) -> None:
+        self.gate, self.metrics = gate, metrics
+        self.store: Store = None  # type: ignore[assignment] -- the node opens it once registered
+        self.handlers = {
+            p.Write: self.write,
+            p.CompareAndSet: self.compare_and_set,
+            p.Read: self.read,
+            p.Scan: self.scan,
+            p.Stage: self.stage,
+            p.StageDone: self.stage_done,
+            p.CommitBatch: self.commit_batch,
+            p.RollbackBatches: self.rollback_batches,
+            p.CommittedBatch: self.committed_batch,
+            p.NodeStats: self.stats,
+            p.NodeCount: self.count,
+            p.NodeDefineState: self.define_state,
+        }
+
+    async def _writable(self, msg) -> list:
+        """The request's groups, once none of its partitions is frozen and all are ours."""
+        pids = await self.gate.writable([pid for pid, _ in _groups(msg)], msg.epoch)
+        return [(pid, body) for pid, (_, body) in zip(pids, msg.groups)]
+
+    async def write(self, msg: p.Write, conn) -> None:
+        groups = await self._writable(msg)
+        for (_, ops), applied in zip(groups, self.store.write_groups(groups, msg.request)):
+            if applied:
+                self.metrics.keys_written.inc(sum(len(op[2]) if op[0] in (PUT_MANY, DELETE_MANY) else 1 for op in ops))
+
+    async def compare_and_set(self, msg: p.CompareAndSet, conn) -> list:
+        requests.check_id(msg.request, msg.op)
+        groups = await self._writable(msg)
+        for pid, cas in groups:
+            if type(cas) is not list or len(cas) != 4 or type(cas[0]) is not str or type(cas[1]) is not bytes \
+                    or type(cas[2]) not in (bytes, type(None)) or type(cas[3]) is not bytes:
+                raise ProtocolError(f"a compare-and-set of partition {pid} is [state, key, expected or None, new] "
+                                    f"(bytes but the state), not {cas!r:.100}")
+            spec = self.store.specs.get(cas[0])
+            if spec is not None:  # an unknown state fails as it is read
+                config = self.store.config
+                check_size(spec, PUT, cas[1], cas[3], f"the compare-and-set of partition {pid}", config.max_key_bytes, config.max_value_bytes)
+        return [self.store.partition(pid).compare_and_set(*cas, msg.request) for pid, cas in groups]
+
+    async def read(self, msg: p.Read, conn) -> list:
+        groups = [(self.gate.check(pid, msg.epoch), keys) for pid, keys in _groups(msg)]
+        for pid, keys in groups:
+            if type(keys) is not list:
+                raise ProtocolError(f"keys of partition {pid} in a 'read' message must be a list of bytes, not {type(keys).__name__}")
+        self.metrics.keys_read.inc(sum(len(keys) for _, keys in groups))
+        try:
+            return [self.store.get_many(pid, msg.state, keys) for pid, keys in groups]
+        except (KeyError, TypeError, ValueError) as e:
+            raise not_bytes(e, "keys of a 'read' message")
+
+    async def scan(self, msg: p.Scan, conn) -> list:
+        return self.store.scan(self.gate.check(msg.partition, msg.epoch), msg.state, msg.prefix, msg.after, msg.limit)
+
+    # -- staged batches (exactly-once) ------------------------------------------------
+
+    async def stage(self, msg: p.Stage, conn) -> None:
+        groups = await self._writable(msg)
+        self.store.check_ops(groups)  # now, not at commit: a bad staged op would fail every commit of the batch
+        for pid, ops in groups:
+            staging.stage(self.store.partition(pid), msg.query, msg.batch, msg.task, msg.attempt, msg.seq, ops)
+
+    async def stage_done(self, msg: p.StageDone, conn) -> None:
+        for pid, _ in await self._writable(msg):
+            staging.mark_done(self.store.partition(pid), msg.query, msg.batch, msg.task, msg.attempt)
+
+    async def commit_batch(self, msg: p.CommitBatch, conn) -> list:
+        return [staging.commit(self.store.partition(pid), msg.query, msg.batch) for pid, _ in await self._writable(msg)]
+
+    async def rollback_batches(self, msg: p.RollbackBatches, conn) -> list:
+        return [staging.rollback(self.store.partition(pid), msg.query, msg.to_batch) for pid, _ in await self._writable(msg)]
+
+    async def committed_batch(self, msg: p.CommittedBatch, conn) -> list:
+        return [staging.committed(self.store.partition(self.gate.check(pid, msg.epoch)), msg.query) for pid, _ in _groups(msg)]
+
+    # -- the coordinator's questions ----------------------------------------------------
+
+    async def stats(self, msg: p.NodeStats, conn) -> dict:
+        return self.store.stats(self.gate.ownership.owned())
+
+    async def count(self, msg: p.NodeCount, conn) -> int:
+        return sum(self.store.partition(pid).count(msg.state)[0] for pid in self.gate.ownership.owned())
+
+    async def define_state(self, msg: p.NodeDefineState, conn) -> dict:
+        return self.store.define_state(StateSpec.from_dict(msg.spec)).to_dict()
+
+
+def _groups(msg) -> list:
+    """The request's ``groups``, checked for shape; the gate checks each partition."""
+    for group in msg.groups:
+        if type(group) is not list or len(group) != 2 or type(group[0]) is not int:
+            raise ProtocolError(f"groups of a {msg.op!r} message are [[partition, ...], ...], not {group!r:.100}")
+    return msg.groups

@@ -1,0 +1,17 @@
+"""The write ops: what every layer that writes speaks, from a state's put to a partition's WriteBatch.
+
+An op is ``[code, state, key, value]``. ``states.py`` builds them, the
+cluster client sends them in ``Write`` / ``Stage`` messages, a node checks
+them (``store/checks.py``) and its store applies them. The codes are fixed: they
+cross the wire.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+# PUT_MANY and DELETE_MANY carry lists of keys (and values): one op per batch
+# keeps the hot path and the wire compact. RAW_PUT stores the value as given
+# (a TTL header included), DELETE_RANGE deletes keys in [key, value).
+PUT, DELETE, APPEND, DELETE_PREFIX, PUT_MANY, DELETE_MANY, RAW_PUT, DELETE_RANGE = 0, 1, 2, 3, 4, 5, 6, 7
+Op = Sequence  # (op, state, key, value)
