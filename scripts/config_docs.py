@@ -2,7 +2,7 @@
 
 import pathlib
 
-from rockstate.config import CheckpointConfig, CoordinatorConfig, NodeConfig, StoreConfig
+from rockstate.config import CheckpointConfig, CoordinatorConfig, NodeConfig, StoreConfig, settings
 
 SECTIONS = [
     ("Coordinator", CoordinatorConfig, "`rockstate coordinator`"),
@@ -18,10 +18,16 @@ lines = [
     "Invalid values are refused with one plain `ConfigError` that names each bad field and what it got.",
     "The cluster secret is read from `secret_file` or `$ROCKSTATE_SECRET` and is never logged.",
     "S3 credentials and endpoint come from the standard AWS environment variables (`AWS_ENDPOINT_URL`, keys, region).", "",
+    "Settings are flat wherever they are written. In Python, a config nests the configs of its parts:",
+    "`CoordinatorConfig.checkpoints` is a `CheckpointConfig` (the `checkpoint*`, `retained_checkpoints` and",
+    "`cluster_name` settings; None without a URL), `NodeConfig.store` a `StoreConfig` (`memory_bytes`,",
+    "`ttl_sweep_interval`, `request_window`), and both have a `SecurityConfig` as `security` (`secret_file`,",
+    "`tls_*_file`). A YAML file may give a nested config whole too (`security: {secret_file: ...}`).", "",
 ]
 for title, model, where in SECTIONS:
     lines += [f"## {title} ({where})", "", "| setting | default | meaning |", "|---|---|---|"]
-    for name, f in model.model_fields.items():
+    nested = {name: f for name, f in model.model_fields.items() if name not in settings(model)}  # configs of its parts
+    for name, f in {**settings(model), **nested}.items():
         default = f.default if f.default_factory is None else f.default_factory()
         lines.append(f"| `{name}` | `{default}` | {f.description} |")
     lines.append("")

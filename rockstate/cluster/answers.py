@@ -1,12 +1,64 @@
-"""The coordinator's cluster-wide answers, put together from the nodes' and its own state (no I/O)."""
+"""The coordinator's catalog of states and its cluster-wide answers, put together from the nodes' and its own.
+
+``ClusterAnswers`` is the part of ``Coordinator`` that serves them (its
+handlers ``define_state``, ``count``, ``cluster_stats``, ``status``,
+``events_after``, ``pipeline_progress``); the functions below it only compute.
+"""
 
 from __future__ import annotations
 
+import time
 from typing import Iterable
 
 from ..control.membership import Member
 from ..store import StateSpec
+from ..store.catalog import unknown_state
+from . import protocol as p
 from .table import Table
+
+
+class ClusterAnswers:
+    """The coordinator's handlers for the catalog and cluster-wide questions (a part of ``Coordinator``, which has
+    the state they read: ``specs``, ``table``, ``membership``, ``peers``, ``events``, ``pipelines``, ``checkpoints``)."""
+
+    async def define_state(self, msg: p.DefineState, conn) -> dict:
+        return (await self.define(StateSpec.from_dict(msg.spec))).to_dict()
+
+    async def define(self, spec: StateSpec) -> StateSpec:
+        existing = self.specs.get(spec.name)
+        if existing is not None:
+            existing.check_same(spec)
+            return existing
+        self.specs[spec.name] = spec
+        self._save()
+        await self._broadcast(p.NodeDefineState(spec=spec.to_dict()))
+        return spec
+
+    async def count(self, msg: p.Count, conn) -> int:
+        if msg.state not in self.specs:
+            raise unknown_state(msg.state)
+        return sum(n for _, n in await self.peers.ask_all(self.membership.alive(), p.NodeCount(state=msg.state)))
+
+    async def cluster_stats(self, msg: p.ClusterStats, conn) -> dict:
+        return merge_stats(self.specs, [(peer.node_id, answer) for peer, answer in await self.peers.ask_all(self.membership.alive(), p.NodeStats())])
+
+    async def pipeline_progress(self, msg: p.PipelineProgress, conn) -> None:
+        self.pipelines[msg.record["query"]] = {**msg.record, "batches": msg.record.get("batches", [])[-5:]}
+        self._save()
+
+    async def status(self, msg: p.Status, conn) -> dict:
+        return {
+            **table_status(self.table, self.members.values(), time.monotonic()),
+            "states": len(self.specs),
+            "events": self.events.latest(100),
+            "pipelines": sorted(self.pipelines.values(), key=lambda r: -r.get("updated", 0)),
+            "checkpoints": None if self.checkpoints is None else {
+                "url": self.checkpoint_config.url, "latest": self.checkpoints.latest(), "recent": self.checkpoints.history()[-5:]},
+        }
+
+    async def events_after(self, msg: p.Events, conn) -> list:
+        return await self.events.wait_after(msg.after, msg.wait)
+
 
 
 def merge_stats(specs: dict[str, StateSpec], answers: Iterable[tuple[str, dict]]) -> dict:

@@ -30,10 +30,9 @@ from ..errors import CheckpointsNotConfiguredError, RockstateError
 from ..retry import Retry
 from ..rpc.server import Server
 from ..store import StateSpec
-from ..store.catalog import unknown_state
 from ..store.store import read_json, write_json
 from . import protocol as p
-from .answers import merge_stats, table_status
+from .answers import ClusterAnswers
 from .checkpointing import ClusterCheckpoints
 from .events import EventLog
 from .moves import run_move
@@ -60,7 +59,7 @@ class _NotYet(Exception):
     """A failover try that did not restore the partitions: no live node yet, or a restore failed."""
 
 
-class Coordinator:
+class Coordinator(ClusterAnswers):
     def __init__(self, config: CoordinatorConfig) -> None:
         self.config = config
         self.data_dir = os.path.abspath(config.data_dir)
@@ -129,9 +128,6 @@ class Coordinator:
         """Record a cluster event (member joined/left/dead, migration, partition restored, checkpoint...)."""
         self.events.append(event, **data)
         log.info("event %s %s", event, data)
-
-    async def events_after(self, msg: p.Events, conn) -> list:
-        return await self.events.wait_after(msg.after, msg.wait)
 
     def _spawn(self, coro) -> None:
         task = asyncio.create_task(coro)
@@ -325,29 +321,6 @@ class Coordinator:
         wanted = (MemberStatus.ALIVE, MemberStatus.LEAVING) if include_leaving else (MemberStatus.ALIVE,)
         return await self.peers.broadcast([m for m in self.members.values() if m.status in wanted], msg)
 
-    # -- states and cluster-wide answers ---------------------------------------------
-
-    async def define_state(self, msg: p.DefineState, conn) -> dict:
-        return (await self.define(StateSpec.from_dict(msg.spec))).to_dict()
-
-    async def define(self, spec: StateSpec) -> StateSpec:
-        existing = self.specs.get(spec.name)
-        if existing is not None:
-            existing.check_same(spec)
-            return existing
-        self.specs[spec.name] = spec
-        self._save()
-        await self._broadcast(p.NodeDefineState(spec=spec.to_dict()))
-        return spec
-
-    async def count(self, msg: p.Count, conn) -> int:
-        if msg.state not in self.specs:
-            raise unknown_state(msg.state)
-        return sum(n for _, n in await self.peers.ask_all(self.membership.alive(), p.NodeCount(state=msg.state)))
-
-    async def cluster_stats(self, msg: p.ClusterStats, conn) -> dict:
-        return merge_stats(self.specs, [(peer.node_id, answer) for peer, answer in await self.peers.ask_all(self.membership.alive(), p.NodeStats())])
-
     # -- checkpoints ------------------------------------------------------------------
 
     async def checkpoint_request(self, msg, conn):
@@ -355,20 +328,6 @@ class Coordinator:
             raise CheckpointsNotConfiguredError("this cluster has no checkpoint storage: start the coordinator with --checkpoints URL")
         answer = CHECKPOINT_REQUESTS[type(msg)](self.checkpoints, msg)
         return await answer if inspect.isawaitable(answer) else answer
-
-    async def pipeline_progress(self, msg: p.PipelineProgress, conn) -> None:
-        self.pipelines[msg.record["query"]] = {**msg.record, "batches": msg.record.get("batches", [])[-5:]}
-        self._save()
-
-    async def status(self, msg: p.Status, conn) -> dict:
-        return {
-            **table_status(self.table, self.members.values(), time.monotonic()),
-            "states": len(self.specs),
-            "events": self.events.latest(100),
-            "pipelines": sorted(self.pipelines.values(), key=lambda r: -r.get("updated", 0)),
-            "checkpoints": None if self.checkpoints is None else {
-                "url": self.checkpoint_config.url, "latest": self.checkpoints.latest(), "recent": self.checkpoints.history()[-5:]},
-        }
 
 
 async def run_coordinator(config: CoordinatorConfig) -> None:

@@ -23,9 +23,9 @@ node's handlers for each step, and the files they move.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
-import logging
 import time
 from typing import Awaitable, Callable
 

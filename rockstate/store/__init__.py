@@ -1,7 +1,7 @@
 """One process's partitions: RocksDB per partition, states, TTL, staged transactions."""
 
-from .catalog import KINDS, StateSpec, check_name
 from ..ops import APPEND, DELETE, DELETE_MANY, DELETE_PREFIX, PUT, PUT_MANY
+from .catalog import KINDS, StateSpec, check_name
 from .partition import Partition, Resources
 from .store import Store
 

@@ -13,6 +13,7 @@ _CODES = "0 PUT, 1 DELETE, 2 APPEND, 3 DELETE_PREFIX, 4 PUT_MANY, 5 DELETE_MANY,
 _ONE_KEY = {PUT: True, APPEND: True, RAW_PUT: True, DELETE_RANGE: True, DELETE: False, DELETE_PREFIX: False}  # -> takes a value
 _STORES = frozenset((PUT, APPEND, RAW_PUT))  # single-key ops that store their key and value (size-limited)
 
+
 def check_ops(ops: object, specs: dict[str, StateSpec], where: str,
               max_key: int | None = None, max_value: int | None = None) -> None:
     """Check write ops received over the wire before any of them is applied: shape, op codes, states and sizes.

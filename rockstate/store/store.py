@@ -17,8 +17,15 @@ import threading
 from typing import Callable, Iterable
 
 from ..config import StoreConfig
-from ..errors import PartitionCountError, PartitionRangeError, PartitionUnavailableError, StoreClosedError, StoreLockedError
-from ..errors import ProtocolError, RockstateError
+from ..errors import (
+    PartitionCountError,
+    PartitionRangeError,
+    PartitionUnavailableError,
+    ProtocolError,
+    RockstateError,
+    StoreClosedError,
+    StoreLockedError,
+)
 from . import requests
 from .catalog import StateSpec
 from .checks import check_ops

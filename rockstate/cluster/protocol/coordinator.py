@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from .base import I64, Message, Ranged
 
-
 # -- served by the coordinator ---------------------------------------------------
 
 

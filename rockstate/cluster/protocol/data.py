@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from .base import MAX_SCAN_LIMIT, U32, U64, Message, Ranged
 
-
 # -- served by a node: data ----------------------------------------------------
 
 

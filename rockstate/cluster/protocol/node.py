@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from .base import I64, MAX_FRAME, Message, Ranged
 
-
 # -- served by a node: asked by the coordinator -----------------------------------
 
 
