@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import random
+import hashlib
 import statistics
 import time
-import uuid
 from typing import Callable
 
 
@@ -39,16 +38,21 @@ def _fmt(value: object) -> str:
 KEY_KINDS = ("int", "uuid", "tuple")
 
 
-def make_keys(kind: str, n: int, seed: int = 42) -> list:
-    """n distinct keys of one kind: 0..n-1; random UUIDs as strings; (tenant id, int) pairs."""
+def key_of(kind: str, i: int):
+    """The i-th key of a kind: i itself; a random-looking 36-character UUID string (md5 of i); (tenant id, i)."""
     if kind == "int":
-        return list(range(n))
-    if kind == "uuid":
-        rng = random.Random(seed)
-        return [str(uuid.UUID(int=rng.getrandbits(128), version=4)) for _ in range(n)]
+        return i
+    if kind == "uuid":  # Spark SQL makes the same: see bench/bulk_load.py
+        h = hashlib.md5(str(i).encode()).hexdigest()
+        return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
     if kind == "tuple":
-        return [(f"tenant-{i % 1000:04d}", i) for i in range(n)]
+        return (f"tenant-{i % 1000:04d}", i)
     raise ValueError(f"unknown key kind {kind!r}; one of {KEY_KINDS}")
+
+
+def make_keys(kind: str, n: int, start: int = 0) -> list:
+    """Keys start..start+n-1 of a kind (distinct)."""
+    return [key_of(kind, i) for i in range(start, start + n)]
 
 
 def flat_key(key) -> bytes:

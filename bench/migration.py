@@ -1,7 +1,8 @@
 """Partition moves and failover on multi-process LocalClusters: how long writes wait, how long a dead node's partitions are away.
 
 1. Write-blocked window per moved partition. For each partition size S in
-   BENCH_MIGRATION_MB (default "10,100,500"), two clusters of one node and
+   BENCH_MIGRATION_MB (default "10,100"; "500" for big partitions) and each
+   key kind (ints, 36-character UUID strings, (tenant id, int) tuples), two clusters of one node and
    P=4 partitions, each partition filled to ~S MB with 1 KB values of random
    bytes (incompressible): one moves partitions live (the default: copy while
    the source serves, freeze only to hand over the writes made since), the
@@ -25,14 +26,14 @@
    Goal: live window p99 <= 100 ms, and flat as the partition size grows.
 
 2. Failover. A 3-node cluster, P=12, heartbeat_timeout=1.0 s, checkpoints to
-   file://, BENCH_FAILOVER_MB (default 120) of data, a checkpoint; then one
+   file://, BENCH_FAILOVER_MB (default 120) of data, a checkpoint, one run per key kind; then one
    node is killed with SIGKILL and a client (retry_timeout=120 s) reads one
    key of each of the dead node's partitions. Reported: detection (kill ->
    the coordinator's ``member_dead`` event), restored (kill -> the last
    ``partition_restored`` event: the new owners have restored the checkpoint
    and the table is out) and served (kill -> the client's read returned, with
-   the right values). Median of BENCH_FAILOVER_RUNS (default 3) runs, each on
-   a fresh cluster.
+   the right values). BENCH_FAILOVER_RUNS (default 1) runs per key kind,
+   each on a fresh cluster.
 
 Event times are the coordinator's wall clock (time.time()); the benchmark
 runs on the same machine and compares them with its own.
@@ -52,17 +53,17 @@ from contextlib import ExitStack
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import print_table  # noqa: E402
+from common import KEY_KINDS, key_of, print_table  # noqa: E402
 
 from rockstate.cluster.local import LocalCluster  # noqa: E402
 from rockstate.errors import RockstateError  # noqa: E402
 
 MB = 1 << 20
-SIZES_MB = [int(s) for s in os.environ.get("BENCH_MIGRATION_MB", "10,100,500").split(",") if s.strip()]
+SIZES_MB = [int(s) for s in os.environ.get("BENCH_MIGRATION_MB", "10,100").split(",") if s.strip()]
 ROUNDS = int(os.environ.get("BENCH_MIGRATION_ROUNDS", 3))
 WRITE_RATE = int(os.environ.get("BENCH_MIGRATION_WRITE_RATE", 4000))  # keys/s written during every move
 FAILOVER_MB = int(os.environ.get("BENCH_FAILOVER_MB", 120))
-FAILOVER_RUNS = int(os.environ.get("BENCH_FAILOVER_RUNS", 3))
+FAILOVER_RUNS = int(os.environ.get("BENCH_FAILOVER_RUNS", 1))
 
 PARTITIONS = 4
 MOVES_PER_STEP = PARTITIONS // 2  # 1 node -> 2 nodes (or back): half the partitions move
@@ -77,7 +78,7 @@ SETTLE_TIMEOUT = 120.0
 GOAL_WINDOW_P99_MS = 100.0
 
 
-# -- values that name their key and version ----------------------------------------
+# -- values that name their key (by its index: the kind's key_of(i)) and version -------
 
 
 def make_values(keys: list[int], version: int) -> list[bytes]:
@@ -93,11 +94,11 @@ def version_of(key: int, value: bytes | None) -> int | None:
     return int.from_bytes(value[8:16], "big")
 
 
-def load(state, keys: int) -> float:
+def load(state, keys: int, kind: str) -> float:
     t = time.perf_counter()
     for start in range(0, keys, LOAD_BATCH):
         batch = list(range(start, min(start + LOAD_BATCH, keys)))
-        state.put_many(zip(batch, make_values(batch, 0)))
+        state.put_many([key_of(kind, i) for i in batch], make_values(batch, 0))
     return time.perf_counter() - t
 
 
@@ -166,8 +167,8 @@ def settle(cluster: LocalCluster, timeout: float = SETTLE_TIMEOUT) -> None:
 class Writer:
     """Writes batches of random keys at a steady rate while started; remembers the last acknowledged version of each key."""
 
-    def __init__(self, rs, keys: int, rate: int) -> None:
-        self.state = rs.value_state("bench")
+    def __init__(self, rs, keys: int, rate: int, kind: str) -> None:
+        self.state, self.kind = rs.value_state("bench"), kind
         self.keys, self.interval = keys, WRITE_BATCH / rate
         self.version = 0
         self.acked: dict[int, int] = {}
@@ -184,7 +185,7 @@ class Writer:
             values = make_values(keys, self.version)
             t = time.perf_counter()
             try:
-                self.state.put_many(zip(keys, values))
+                self.state.put_many([key_of(self.kind, i) for i in keys], values)
             except RockstateError as e:  # not acknowledged: not counted, and the run fails at the end
                 self.errors.append(e)
                 continue
@@ -215,7 +216,7 @@ class Writer:
         items = sorted(self.acked.items())
         for start in range(0, len(items), 10_000):
             chunk = items[start : start + 10_000]
-            stored = self.state.get_many([k for k, _ in chunk])
+            stored = self.state.get_many([key_of(self.kind, k) for k, _ in chunk])
             for (key, version), value in zip(chunk, stored):
                 got = version_of(key, value)
                 if got is None or got < version:
@@ -229,15 +230,15 @@ class Writer:
 class Side:
     """One cluster (live or baseline) with its clients and writer, loaded with 4 x S MB."""
 
-    def __init__(self, stack: ExitStack, root: str, live: bool, keys: int) -> None:
+    def __init__(self, stack: ExitStack, root: str, live: bool, keys: int, kind: str) -> None:
         self.name = "live" if live else "freeze-copy-all"
         self.keys = keys
         self.cluster = stack.enter_context(LocalCluster(
             nodes=1, partitions=PARTITIONS, root=os.path.join(root, self.name),
             coordinator_settings={"live_migration": live}))
         self.rs = stack.enter_context(self.cluster.connect(retry_timeout=EVENT_TIMEOUT))
-        self.writer = Writer(stack.enter_context(self.cluster.connect(retry_timeout=EVENT_TIMEOUT)), keys, WRITE_RATE)
-        self.load_seconds = load(self.rs.value_state("bench"), keys)
+        self.writer = Writer(stack.enter_context(self.cluster.connect(retry_timeout=EVENT_TIMEOUT)), keys, WRITE_RATE, kind)
+        self.load_seconds = load(self.rs.value_state("bench"), keys, kind)
         self.moves: list[dict] = []
         self.worst_put = 0.0
 
@@ -275,25 +276,25 @@ class Side:
 
 def moves(root: str) -> None:
     rows, copied_mb, live_p99 = [], [], {}
-    for size in SIZES_MB:
+    for size, kind in [(size, kind) for size in SIZES_MB for kind in KEY_KINDS]:
         keys = PARTITIONS * size * MB // VALUE_BYTES
         started = time.perf_counter()
         with ExitStack() as stack:
-            sides = [Side(stack, os.path.join(root, f"m{size}"), live, keys) for live in (True, False)]
+            sides = [Side(stack, os.path.join(root, f"m{size}-{kind}"), live, keys, kind) for live in (True, False)]
             for _ in range(ROUNDS):
                 for side in sides:  # the two clusters take turns, so drift on the machine hits both alike
                     side.round()
             for side in sides:
                 side.check()
-        log(f"{size} MB partitions: loaded in {sum(s.load_seconds for s in sides):.0f} s, all in {time.perf_counter() - started:.0f} s")
+        log(f"{size} MB partitions, {kind} keys: loaded in {sum(s.load_seconds for s in sides):.0f} s, all in {time.perf_counter() - started:.0f} s")
         live, base = (sorted(e["write_blocked_seconds"] * 1000 for e in side.moves) for side in sides)
         mb = statistics.median(e["bytes"] for s in sides for e in s.moves) / MB
         copied_mb.append(mb)
-        live_p99[size] = percentile(live, 99)
+        live_p99[size] = max(live_p99.get(size, 0.0), percentile(live, 99))
         for side, windows in zip(sides, (live, base)):
             is_base = side is sides[1]
             rows.append([
-                f"~{size} MB ({mb:.0f} MB copied)", side.name, len(windows),
+                f"{kind}: ~{size} MB ({mb:.0f} MB copied)", side.name, len(windows),
                 statistics.median(e["seconds"] for e in side.moves),
                 statistics.median(e["delta_ops"] for e in side.moves),
                 percentile(windows, 50), percentile(windows, 99), max(windows), side.worst_put * 1000,
@@ -320,19 +321,19 @@ def moves(root: str) -> None:
 # -- 2. failover ---------------------------------------------------------------------------
 
 
-def failover_run(root: str, run: int) -> list[float]:
+def failover_run(root: str, run: int, kind: str) -> list[float]:
     keys = FAILOVER_MB * MB // VALUE_BYTES
     with LocalCluster(nodes=3, partitions=FAILOVER_PARTITIONS, root=os.path.join(root, f"f{run}"),
                       heartbeat_timeout=HEARTBEAT_TIMEOUT, checkpoints=f"file://{root}/f{run}-checkpoints") as cluster:
         with cluster.connect(retry_timeout=120.0) as rs:
             state = rs.value_state("bench")
-            load(state, keys)
+            load(state, keys, kind)
             chk = rs.checkpoint().checkpoint_id
             table = rs.backend.refresh()
             victim = random.choice(cluster.nodes()).node_id
             lost = table.owned_by(victim)
             probes: dict[int, int] = {}
-            for key in range(keys):
+            for key in map(lambda i: key_of(kind, i), range(keys)):
                 if rs.partition_of(key) in lost:
                     probes.setdefault(rs.partition_of(key), key)
                 if len(probes) == len(lost):
@@ -358,12 +359,13 @@ def failover_run(root: str, run: int) -> list[float]:
 
 
 def failover(root: str) -> None:
-    runs = []
-    for run in range(FAILOVER_RUNS):
-        runs.append(failover_run(root, run))
-        log(f"failover run {run + 1}: served again after {runs[-1][-1]:.2f} s")
+    runs, names = [], []
+    for run, kind in enumerate(kind for kind in KEY_KINDS for _ in range(FAILOVER_RUNS)):
+        runs.append(failover_run(root, run, kind))
+        names.append(f"{kind} keys, run {run % FAILOVER_RUNS + 1}")
+        log(f"failover {names[-1]}: served again after {runs[-1][-1]:.2f} s")
     per_partition = FAILOVER_MB / FAILOVER_PARTITIONS
-    rows = [[f"run {i + 1}", *r] for i, r in enumerate(runs)]
+    rows = [[name, *r] for name, r in zip(names, runs)]
     rows.append(["median", statistics.median_low(r[0] for r in runs), *(statistics.median(r[i] for r in runs) for i in range(1, 5))])
     print_table(
         f"failover: kill -9 of 1 of 3 nodes, P={FAILOVER_PARTITIONS} (~{per_partition:.0f} MB each, {FAILOVER_MB} MB in all), "

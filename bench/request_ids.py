@@ -11,9 +11,10 @@ machine hits both alike.
 - put, batch 1000: ``Write`` of 1000 keys (PUT_MANY per partition); keys/s,
   the median of REPEAT runs
 
-Values are 100 bytes, keys fresh ints (every id and key is new, as in a real
-stream). After the run every key is read back through the client and
-checked. BENCH_IDS_CALLS (default 5000) and BENCH_IDS_BATCHES (default 100)
+Values are 100 bytes, keys fresh (every id and key is new, as in a real
+stream), of each kind in turn: ints, 36-character UUID strings, (tenant id,
+int) tuples. After the run every key is read back through the client and
+checked. BENCH_IDS_CALLS (default 3000) and BENCH_IDS_BATCHES (default 50)
 shrink the run.
 """
 
@@ -27,7 +28,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import print_table  # noqa: E402
+from common import KEY_KINDS, key_of, print_table  # noqa: E402
 
 from rockstate.cluster import protocol as p  # noqa: E402
 from rockstate.cluster.local import LocalCluster  # noqa: E402
@@ -36,66 +37,74 @@ from rockstate.rpc.client import Channel  # noqa: E402
 from rockstate.serde import encode_key, encode_value  # noqa: E402
 from rockstate.store import PUT, PUT_MANY, requests  # noqa: E402
 
-CALLS = int(os.environ.get("BENCH_IDS_CALLS", "5000"))
-BATCHES = int(os.environ.get("BENCH_IDS_BATCHES", "100"))
+CALLS = int(os.environ.get("BENCH_IDS_CALLS", "3000"))
+BATCHES = int(os.environ.get("BENCH_IDS_BATCHES", "50"))
 CHUNK = 250
 BATCH = 1000
 REPEAT = 3
 PARTITIONS = 16
-STATE = "bench"
 GOAL_COST = 0.10  # at most 10% slower with ids, on either workload
 
 
 def main() -> None:
+    rows = []
     with LocalCluster(nodes=1, partitions=PARTITIONS) as cluster, cluster.connect() as rs:
-        rs.value_state(STATE)
-        epoch = rs.backend.refresh().epoch
-        keys = itertools.count()
-        value = encode_value(b"v" * 100)
-        written: dict[bool, list[int]] = {True: [], False: []}
-        with Channel(cluster.nodes()[0].address) as channel:
+        for kind in KEY_KINDS:
+            rows += measure(cluster, rs, kind)
+    print_table(f"request ids: {CALLS} one-key puts and {REPEAT}x{BATCHES} batches of {BATCH} per side and key kind, 1 node",
+                ["workload", "with id", "without", "cost", "goal", "met"], rows)
 
-            def send(groups: dict[int, list], with_id: bool) -> None:
-                channel.call(p.Write(epoch=epoch, groups=[[pid, ops] for pid, ops in groups.items()],
-                                     request=requests.new_id() if with_id else None))
 
-            def one_put(with_id: bool) -> int:
-                k = next(keys)
-                start = time.perf_counter_ns()
-                send({partition_of(k, PARTITIONS): [(PUT, STATE, encode_key(k), value)]}, with_id)
-                written[with_id].append(k)
-                return time.perf_counter_ns() - start
+def measure(cluster, rs, kind: str) -> list[list]:
+    state_name = f"bench-{kind}"
+    rs.value_state(state_name)
+    epoch = rs.backend.refresh().epoch
+    keys = (key_of(kind, i) for i in itertools.count())
+    value = encode_value(b"v" * 100)
+    written: dict[bool, list[int]] = {True: [], False: []}
+    with Channel(cluster.nodes()[0].address) as channel:
 
-            def batches(with_id: bool) -> float:
-                prepared = []
-                for _ in range(BATCHES):
-                    groups: dict[int, list] = {}
-                    for k in itertools.islice(keys, BATCH):
-                        groups.setdefault(partition_of(k, PARTITIONS), []).append(k)
-                        written[with_id].append(k)
-                    prepared.append({pid: [(PUT_MANY, STATE, [encode_key(k) for k in ks], [value] * len(ks))]
-                                     for pid, ks in groups.items()})
-                start = time.perf_counter()
-                for groups in prepared:
-                    send(groups, with_id)
-                return BATCHES * BATCH / (time.perf_counter() - start)
+        def send(groups: dict[int, list], with_id: bool) -> None:
+            channel.call(p.Write(epoch=epoch, groups=[[pid, ops] for pid, ops in groups.items()],
+                                 request=requests.new_id() if with_id else None))
 
-            for with_id in (True, False):  # warm-up
-                for _ in range(CHUNK):
-                    one_put(with_id)
-            written = {True: [], False: []}
-            latencies: dict[bool, list[int]] = {True: [], False: []}
-            for _ in range(CALLS // CHUNK):
-                for with_id in (True, False):
-                    latencies[with_id] += [one_put(with_id) for _ in range(CHUNK)]
-            rates: dict[bool, list[float]] = {True: [], False: []}
-            for _ in range(REPEAT):
-                for with_id in (True, False):
-                    rates[with_id].append(batches(with_id))
-        state = rs.value_state(STATE)
-        for with_id, ks in written.items():
-            stored = state.get_many(ks)
-            assert all(v == b"v" * 100 for v in stored), f"a write {'with' if with_id else 'without'} an id is missing"
+        def one_put(with_id: bool) -> int:
+            k = next(keys)
+            start = time.perf_counter_ns()
+            send({partition_of(k, PARTITIONS): [(PUT, state_name, encode_key(k), value)]}, with_id)
+            written[with_id].append(k)
+            return time.perf_counter_ns() - start
+
+        def batches(with_id: bool) -> float:
+            prepared = []
+            for _ in range(BATCHES):
+                groups: dict[int, list] = {}
+                for k in itertools.islice(keys, BATCH):
+                    groups.setdefault(partition_of(k, PARTITIONS), []).append(k)
+                    written[with_id].append(k)
+                prepared.append({pid: [(PUT_MANY, state_name, [encode_key(k) for k in ks], [value] * len(ks))]
+                                 for pid, ks in groups.items()})
+            start = time.perf_counter()
+            for groups in prepared:
+                send(groups, with_id)
+            return BATCHES * BATCH / (time.perf_counter() - start)
+
+        for with_id in (True, False):  # warm-up
+            for _ in range(CHUNK):
+                one_put(with_id)
+        written = {True: [], False: []}
+        latencies: dict[bool, list[int]] = {True: [], False: []}
+        for _ in range(CALLS // CHUNK):
+            for with_id in (True, False):
+                latencies[with_id] += [one_put(with_id) for _ in range(CHUNK)]
+        rates: dict[bool, list[float]] = {True: [], False: []}
+        for _ in range(REPEAT):
+            for with_id in (True, False):
+                rates[with_id].append(batches(with_id))
+    state = rs.value_state(state_name)
+    for with_id, ks in written.items():
+        stored = state.get_many(ks)
+        assert all(v == b"v" * 100 for v in stored), f"a write {'with' if with_id else 'without'} an id is missing"
 
     def pct(samples: list[int], q: float) -> float:
         return statistics.quantiles(samples, n=100)[int(q) - 1] / 1000
@@ -109,9 +118,8 @@ def main() -> None:
         cost = ours / plain - 1 if lower_is_better else plain / ours - 1
         goal = "p99 not a goal" if "p99" in name else f"cost <= {GOAL_COST:.0%}"
         met = "" if "p99" in name else ("yes" if cost <= GOAL_COST else "NO")
-        rows.append([name, ours, plain, f"{cost:+.1%}", goal, met])
-    print_table(f"request ids: {CALLS} one-key puts and {REPEAT}x{BATCHES} batches of {BATCH} per side, 1 node",
-                ["workload", "with id", "without", "cost", "goal", "met"], rows)
+        rows.append([f"{kind}: {name}", ours, plain, f"{cost:+.1%}", goal, met])
+    return rows
 
 
 if __name__ == "__main__":
