@@ -30,6 +30,11 @@ against a bincount of the events after every timed run. Ratios are speed-ups:
 the baseline's time divided by the engine's (> 1: faster than the baseline).
 Goals: rockstate vectorized >= 10x transformWithStateInPandas and >= 1.0x
 native (in-memory state, the faster of the two).
+
+Key kinds: the table above has bigint keys; a second table runs the same
+events with 36-character UUID-string keys and with a (tenant string, bigint)
+key of two columns, rockstate vectorized against native aggregation (goal
+for string keys: >= 1.0x native on the RocksDB state store).
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ from pyspark.sql.streaming import StatefulProcessor as SparkProcessor  # noqa: E
 from pyspark.sql.types import LongType, StructField, StructType  # noqa: E402
 
 import rockstate  # noqa: E402
-from common import print_table  # noqa: E402
+from common import key_of, print_table  # noqa: E402
 from rockstate.spark import StatefulProcessor, close_clients, transform_with_state  # noqa: E402
 
 EVENTS = int(os.environ.get("BENCH_SPARK_EVENTS", 1_000_000))
@@ -83,10 +88,10 @@ class VectorCount(RockstateCount):
         self.counts = handle.value_state(self.state)
 
     def handle_batch(self, batch: pd.DataFrame) -> pd.DataFrame:
-        sizes = batch.groupby("key", sort=False).size()
+        sizes = batch.groupby(list(batch.columns), sort=False).size()  # the key columns only: one or two
         counts = np.asarray(self.counts.get_many(sizes.index, default=0)) + sizes.to_numpy()
         self.counts.put_many(sizes.index, counts)
-        return pd.DataFrame({"key": sizes.index, "count": counts})
+        return sizes.index.to_frame(index=False).assign(count=counts)
 
 
 class KeyCount(RockstateCount):
@@ -123,14 +128,21 @@ class SparkKeyCount(SparkProcessor):
         pass
 
 
-def write_events(directory: str, events: int, keys: int, seed: int) -> np.ndarray:
-    """Parquet files of (key, ts), FILES_PER_BATCH per micro-batch; returns the count per key."""
+# key kind -> (key columns, their Spark schema)
+KEY_KINDS = {"int": (["key"], "key long"), "uuid": (["key"], "key string"), "tuple": (["tenant", "key"], "tenant string, key long")}
+
+
+def write_events(directory: str, events: int, keys: int, seed: int, kind: str = "int") -> np.ndarray:
+    """Parquet files of (key columns, ts), FILES_PER_BATCH per micro-batch; returns the count per key index."""
     rng = np.random.default_rng(seed)
     key = rng.integers(0, keys, events, dtype=np.int64)
     os.makedirs(directory)
     files = BATCHES * FILES_PER_BATCH
+    names = np.array([key_of("uuid", i) for i in range(keys)], dtype=object) if kind == "uuid" else None
     for i, part in enumerate(np.array_split(key, files)):
-        pq.write_table(pa.table({"key": part, "ts": np.arange(len(part), dtype=np.int64)}), os.path.join(directory, f"part-{i:03d}.parquet"))
+        columns = {"key": part} if kind == "int" else {"key": pa.array(names[part], pa.string())} if kind == "uuid" else {
+            "tenant": pa.array([f"tenant-{k % 1000:04d}" for k in part.tolist()], pa.string()), "key": part}
+        pq.write_table(pa.table({**columns, "ts": np.arange(len(part), dtype=np.int64)}), os.path.join(directory, f"part-{i:03d}.parquet"))
     return np.bincount(key, minlength=keys)
 
 
@@ -139,11 +151,13 @@ class Bench:
         self.spark, self.cluster, self.root = spark, cluster, root
         self.runs = 0
 
+    kind = "int"
+
     def stream(self, source: str, provider: str, query: Callable, mode: str) -> float:
         """Run one availableNow stream over ``source`` into the noop sink; returns its wall time."""
         self.runs += 1
         self.spark.conf.set("spark.sql.streaming.stateStore.providerClass", provider)
-        df = self.spark.readStream.schema("key long, ts long").option("maxFilesPerTrigger", FILES_PER_BATCH).parquet(source)
+        df = self.spark.readStream.schema(f"{KEY_KINDS[self.kind][1]}, ts long").option("maxFilesPerTrigger", FILES_PER_BATCH).parquet(source)
         start = time.perf_counter()
         q = (query(df).writeStream.format("noop").outputMode(mode)
              .option("checkpointLocation", os.path.join(self.root, f"chk-{self.runs}")).trigger(availableNow=True).start())
@@ -156,7 +170,9 @@ class Bench:
     def rockstate(self, cls: type) -> Callable[[str], float]:
         def run(source: str) -> float:
             processor = cls(f"{cls.__name__.lower()}-{self.runs}")
-            elapsed = self.stream(source, HDFS, lambda df: transform_with_state(df.select("key"), "key", processor, OUTPUT, self.cluster.address), "append")
+            columns, schema = KEY_KINDS[self.kind]
+            elapsed = self.stream(source, HDFS, lambda df: transform_with_state(
+                df.select(*columns), columns, processor, f"{schema}, count long", self.cluster.address), "append")
             self.last_state = processor.state
             return elapsed
 
@@ -167,7 +183,7 @@ class Bench:
             SparkKeyCount(), OUTPUT, "Update", "None"), "update")
 
     def native(self, provider: str) -> Callable[[str], float]:
-        return lambda source: self.stream(source, provider, lambda df: df.groupBy("key").count(), "update")
+        return lambda source: self.stream(source, provider, lambda df: df.groupBy(*KEY_KINDS[self.kind][0]).count(), "update")
 
 
 def main() -> None:
@@ -212,6 +228,7 @@ def main() -> None:
                         if len(samples[name]) < runs:
                             samples[name].append(timed(name, events))
                             print(f"round {done}: {name} {samples[name][-1]:.2f}s", flush=True)
+                kinds_rows = key_kinds(bench, rs, root)
             close_clients()
     finally:
         spark.stop()
@@ -226,6 +243,33 @@ def main() -> None:
         ["engine", "runs", "median s", "k events/s", "x TWS-in-pandas", "x native (mem)", "x native (RocksDB)"],
         rows,
     )
+    print_table(
+        f"spark state by key kind: the same running count, {EVENTS:,} events over {KEYS:,} keys, median of {REPEAT} "
+        "(goal for UUID-string keys: rockstate vectorized >= 1.0x native on RocksDB)",
+        ["keys", "engine", "median s", "k events/s", "x native (mem)", "x native (RocksDB)"],
+        kinds_rows,
+    )
+
+
+def key_kinds(bench: Bench, rs, root: str) -> list[list]:
+    """rockstate vectorized against native aggregation, per key kind; every rockstate run's counts checked."""
+    rows = []
+    for kind in KEY_KINDS:
+        bench.kind = kind
+        events = os.path.join(root, f"events-{kind}")
+        expected = write_events(events, EVENTS, KEYS, seed=1, kind=kind).tolist()
+        keys = [key_of(kind, i) for i in range(KEYS)]
+        engines = {"rockstate, vectorized": bench.rockstate(VectorCount), NATIVE: bench.native(HDFS), NATIVE_ROCKSDB: bench.native(ROCKSDB)}
+        samples: dict[str, list[float]] = {name: [] for name in engines}
+        for _ in range(REPEAT):
+            for name, run in engines.items():
+                samples[name].append(run(events))
+                if name.startswith("rockstate"):
+                    assert rs.value_state(bench.last_state).get_many(keys, default=0) == expected, f"{kind}: wrong counts"
+        times = {name: float(np.median(s)) for name, s in samples.items()}
+        rows += [[kind, name, t, EVENTS / t / 1e3, times[NATIVE] / t, times[NATIVE_ROCKSDB] / t] for name, t in times.items()]
+    bench.kind = "int"
+    return rows
 
 
 if __name__ == "__main__":
