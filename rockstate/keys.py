@@ -510,11 +510,14 @@ def partitions_of(columns, partitions: int) -> np.ndarray:
     skipped per row, as Spark does; a column of mixed Python types is hashed row
     by row.
     """
-    _check_partitions(partitions)
     if isinstance(columns, (list, tuple)) and columns and all(_is_column(c) for c in columns):
-        cols = list(columns)
-    else:
-        cols = [columns]
+        return partitions_of_columns(columns, partitions)
+    return partitions_of_columns([columns], partitions)
+
+
+def partitions_of_columns(cols, partitions: int) -> np.ndarray:
+    """``partitions_of`` of a list of columns, each a list, tuple, numpy array, pandas Series or Arrow array."""
+    _check_partitions(partitions)
     lengths = {len(c) for c in cols}
     if len(lengths) != 1:
         raise InvalidInputError(f"key columns have different lengths: {sorted(lengths)}")

@@ -120,17 +120,19 @@ def _plain(column: Sequence[Any]) -> bool:
     return types - {int} <= _PLAIN
 
 
-def _plain_keys(keys: Sequence[Any]) -> bool:
-    if keys and type(keys[0]) is tuple:  # tuples: column by column
+def _plain_keys(keys: Sequence[Any], columns: Sequence[Sequence[Any]] | None) -> bool:
+    if columns is None and keys and type(keys[0]) is tuple:  # tuples: column by column
         if set(map(type, keys)) != {tuple} or len(set(map(len, keys))) != 1 or not keys[0]:
             return False
-        return all(map(_plain, zip(*keys)))
-    return _plain(keys)
+        columns = list(zip(*keys))
+    return _plain(keys) if columns is None else all(map(_plain, columns))
 
 
-def encode_keys(keys: Sequence[Any], limit: int = DEFAULT_MAX_BYTES) -> list[bytes]:
-    """Encode many keys; the first bad one raises, naming its index, before anything is written."""
-    if _plain_keys(keys):
+def encode_keys(keys: Sequence[Any], limit: int = DEFAULT_MAX_BYTES, columns: Sequence[Sequence[Any]] | None = None) -> list[bytes]:
+    """Encode many keys; the first bad one raises, naming its index, before anything is written.
+
+    ``columns``: when the keys are tuples of one length (not empty), their columns, if already made."""
+    if _plain_keys(keys, columns):
         out = list(map(_pack, keys))  # the hot path: one C loop
         if max(map(len, out), default=0) <= limit:
             return out

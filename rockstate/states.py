@@ -62,29 +62,30 @@ def key_list(keys: Any) -> list:
     return list(keys)
 
 
-def _hash_columns(keys: Any, column: list) -> list:
-    """What ``keyhash.partitions_of`` hashes column-wise: the array as given when it has a
-    vectorized dtype, tuples split into their columns, else the list."""
+def _as_column(keys: Any, column: list) -> Any:
+    """What ``keys`` is hashed from: the array as given when it has a vectorized type, else the list."""
     if pa is not None and isinstance(keys, (pa.Array, pa.ChunkedArray)) and not pa.types.is_decimal(keys.type):
-        return [keys]
+        return keys
     dtype = getattr(keys, "dtype", None)
     if isinstance(dtype, np.dtype) and dtype.kind in "iufbmM" and getattr(keys, "ndim", 1) == 1:
-        return [np.asarray(keys)]
-    if column and type(column[0]) is tuple and set(map(type, column)) == {tuple} and len(set(map(len, column))) == 1:
-        return [list(c) for c in zip(*column)]
-    return [column]
+        return np.asarray(keys)
+    return column
 
 
 def prepare_keys(keys: Any, partitions: int, limit: int, column: list | None = None) -> tuple[list[bytes], np.ndarray]:
     """Encode keys (any sequence or array; ``column``: them as a list, if already made) and find
     their partitions, column-wise: no Python code runs per key of a supported type."""
     column = key_list(keys) if column is None else column
-    encoded = encode_keys(column, limit)
     if not column:
-        return encoded, np.zeros(0, dtype=np.int64)
-    if type(column[0]) in (str, bytes) and len(set(map(type, column))) == 1:  # ids, UUIDs: hashed from their encodings
+        return [], np.zeros(0, dtype=np.int64)
+    types = set(map(type, column))
+    if types == {tuple} and len(lengths := set(map(len, column))) == 1 and lengths != {0}:  # tuples: column by column
+        columns = list(zip(*column))
+        return encode_keys(column, limit, columns), keyhash.partitions_of_columns(columns, partitions)
+    encoded = encode_keys(column, limit)
+    if len(types) == 1 and types <= {str, bytes}:  # ids, UUIDs: hashed straight from their encodings
         return encoded, keyhash.partitions_of_packed(encoded, partitions)
-    return encoded, keyhash.partitions_of(_hash_columns(keys, column), partitions)
+    return encoded, keyhash.partitions_of_columns([_as_column(keys, column)], partitions)
 
 
 def batch_columns(items: Any, values: Any = None) -> tuple[Any, list, list]:
