@@ -8,9 +8,8 @@ the request to the store in one call.
 from __future__ import annotations
 
 from ..errors import ProtocolError
-from ..ops import DELETE_MANY, PUT, PUT_MANY
-from ..store import StateSpec, Store, requests, staging
-from ..store.checks import check_size
+from ..ops import DELETE_MANY, PUT_MANY
+from ..store import StateSpec, Store, staging
 from ..store.store import not_bytes
 from . import protocol as p
 from .gate import Gate
@@ -48,18 +47,7 @@ class DataHandlers:
                 self.metrics.keys_written.inc(sum(len(op[2]) if op[0] in (PUT_MANY, DELETE_MANY) else 1 for op in ops))
 
     async def compare_and_set(self, msg: p.CompareAndSet, conn) -> list:
-        requests.check_id(msg.request, msg.op)
-        groups = await self._writable(msg)
-        for pid, cas in groups:
-            if type(cas) is not list or len(cas) != 4 or type(cas[0]) is not str or type(cas[1]) is not bytes \
-                    or type(cas[2]) not in (bytes, type(None)) or type(cas[3]) is not bytes:
-                raise ProtocolError(f"a compare-and-set of partition {pid} is [state, key, expected or None, new] "
-                                    f"(bytes but the state), not {cas!r:.100}")
-            spec = self.store.specs.get(cas[0])
-            if spec is not None:  # an unknown state fails as it is read
-                config = self.store.config
-                check_size(spec, PUT, cas[1], cas[3], f"the compare-and-set of partition {pid}", config.max_key_bytes, config.max_value_bytes)
-        return [self.store.partition(pid).compare_and_set(*cas, msg.request) for pid, cas in groups]
+        return self.store.compare_and_set_groups(await self._writable(msg), msg.request)
 
     async def read(self, msg: p.Read, conn) -> list:
         groups = [(self.gate.check(pid, msg.epoch), keys) for pid, keys in _groups(msg)]

@@ -66,6 +66,17 @@ def check_ops(ops: object, specs: dict[str, StateSpec], where: str,
             raise ProtocolError(f"unknown op code {code!r} in op {i} of {where}; codes are {_CODES}")
 
 
+def check_compare_and_set(cas: object, specs: dict[str, StateSpec], pid: int, max_key: int, max_value: int) -> None:
+    """A compare-and-set received over the wire: [state, key, expected or None, new], and the size limits."""
+    if type(cas) is not list or len(cas) != 4 or type(cas[0]) is not str or type(cas[1]) is not bytes \
+            or type(cas[2]) not in (bytes, type(None)) or type(cas[3]) is not bytes:
+        raise ProtocolError(f"a compare-and-set of partition {pid} is [state, key, expected or None, new] "
+                            f"(bytes but the state), not {cas!r:.100}")
+    spec = specs.get(cas[0])
+    if spec is not None:  # an unknown state fails as it is read
+        check_size(spec, PUT, cas[1], cas[3], f"the compare-and-set of partition {pid}", max_key, max_value)
+
+
 def check_size(spec: StateSpec, code: int, key: bytes, value: bytes, what: str, max_key: int, max_value: int) -> None:
     """Hold a stored key and value to the cluster's limits, as the client holds what it encodes.
 

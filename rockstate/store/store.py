@@ -28,7 +28,7 @@ from ..errors import (
 )
 from . import requests
 from .catalog import StateSpec
-from .checks import check_ops
+from .checks import check_compare_and_set, check_ops
 from .partition import Partition, Resources
 
 
@@ -173,6 +173,14 @@ class Store:
             except (KeyError, TypeError, ValueError) as e:
                 raise not_bytes(e, f"ops of partition {pid}")
         return applied
+
+    def compare_and_set_groups(self, groups: list, request: bytes | None = None) -> list[bool]:
+        """A node's ``CompareAndSet``: one [state, key, expected, new] per partition, all checked first, each
+        applied once per ``request`` id; answers which set."""
+        requests.check_id(request, "compare_and_set")
+        for pid, cas in groups:
+            check_compare_and_set(cas, self.specs, pid, self.config.max_key_bytes, self.config.max_value_bytes)
+        return [self.partition(pid).compare_and_set(*cas, request) for pid, cas in groups]
 
     def get_many(self, pid: int, state: str, keys: list[bytes]) -> list[bytes | None]:
         return self.partition(pid).get_many(state, keys)
