@@ -60,10 +60,10 @@ def _key_ext_hook(code: int, data: bytes) -> Any:
     return codecs.from_ext(code, data, decode_key)
 
 
-def _bad_key(key: Any, where: str = "") -> InvalidKeyError:
+def _bad_key(key: Any) -> InvalidKeyError:
     if isinstance(key, int) and not isinstance(key, bool):
-        return InvalidKeyError(f"{where}int key {key} is outside the signed 64-bit range (Spark bigint)")
-    return InvalidKeyError(f"{where}unsupported key type {type(key).__name__}; keys are {KEY_TYPES}", type=type(key).__name__)
+        return InvalidKeyError(f"int key {key} is outside the signed 64-bit range (Spark bigint)")
+    return InvalidKeyError(f"unsupported key type {type(key).__name__}; keys are {KEY_TYPES}", type=type(key).__name__)
 
 
 def _check_scalar(key: Any) -> Any:

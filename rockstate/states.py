@@ -16,13 +16,13 @@ import numpy as np
 from . import keys as keyhash
 from .serde import decode_key, decode_stream, decode_value, decode_values, encode_key, encode_keys, encode_value, encode_values, split_pair
 from .errors import InvalidInputError
+from .ops import APPEND, DELETE, DELETE_MANY, DELETE_PREFIX, PUT, PUT_MANY
+from .store.catalog import StateSpec, check_name
 
 try:
     import pyarrow as pa
 except ImportError:  # only needed for Arrow input
     pa = None
-from .store.catalog import StateSpec, check_name
-from .ops import APPEND, DELETE, DELETE_MANY, DELETE_PREFIX, PUT, PUT_MANY
 
 if TYPE_CHECKING:
     from .ops import Op
