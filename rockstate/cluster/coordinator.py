@@ -42,9 +42,6 @@ from .table import Table
 
 log = logging.getLogger(__name__)
 
-FAILOVER_RETRY = Retry(deadline=None, initial=0.2, maximum=5.0, retry_on=lambda e: isinstance(e, _NotYet))  # until it is done
-
-
 CHECKPOINT_REQUESTS = {  # what the checkpoint driver answers
     p.TriggerCheckpoint: lambda c, msg: c.checkpoint(),
     p.ListCheckpoints: lambda c, msg: c.history(),
@@ -57,6 +54,9 @@ CHECKPOINT_REQUESTS = {  # what the checkpoint driver answers
 
 class _NotYet(Exception):
     """A failover try that did not restore the partitions: no live node yet, or a restore failed."""
+
+
+FAILOVER_RETRY = Retry(deadline=None, initial=0.2, maximum=5.0, retry_on=lambda e: isinstance(e, _NotYet))  # until it is done
 
 
 class Coordinator(ClusterAnswers):
