@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from . import keys as keyhash
-from .errors import CheckpointsNotConfiguredError, RockstateError, StoreClosedError
-from .states import Backend, ListState, MapState, ValueState
+from .errors import CheckpointsNotConfiguredError, StoreClosedError
+from .states import Backend, Checkpointer, ListState, MapState, ValueState
 
 
 class Rockstate:
@@ -69,12 +69,12 @@ class Rockstate:
 
     @property
     def restored(self):
-        """What was restored when this handle was opened (None if nothing was)."""
-        checkpointer = getattr(self.backend, "checkpointer", None)
+        """What the latest restore restored: on opening the handle, or by ``restore()`` (None if nothing was)."""
+        checkpointer = self.backend.checkpointer
         return None if checkpointer is None else checkpointer.last_restore
 
-    def _checkpointer(self):
-        checkpointer = getattr(self.backend, "checkpointer", None)
+    def _checkpointer(self) -> Checkpointer:
+        checkpointer = self.backend.checkpointer
         if checkpointer is None:
             raise CheckpointsNotConfiguredError("this store has no checkpoint storage: open it with checkpoints=URL")
         return checkpointer
@@ -82,10 +82,7 @@ class Rockstate:
     def subscribe(self, callback):
         """Call ``callback(event)`` for every cluster event (joins, leaves, deaths, moves, restores,
         checkpoints) from now on, in a background thread; returns a subscription to ``close()``."""
-        subscribe = getattr(self.backend, "subscribe", None)
-        if subscribe is None:
-            raise RockstateError("events come from a cluster: use rockstate.connect(...)")
-        return subscribe(callback)
+        return self.backend.subscribe(callback)
 
     def close(self) -> None:
         if self._backend is not None:

@@ -7,6 +7,7 @@ from typing import Any
 
 from .api import Rockstate
 from .config import CheckpointConfig, StoreConfig, load, validate
+from .errors import RockstateError
 from .store import StateSpec, Store
 
 
@@ -45,6 +46,9 @@ class EmbeddedBackend:
 
     def stats(self) -> dict:
         return self.store.stats()
+
+    def subscribe(self, callback) -> None:
+        raise RockstateError("events come from a cluster: use rockstate.connect(...)")
 
     def close(self) -> None:
         try:

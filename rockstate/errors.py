@@ -10,11 +10,21 @@ from __future__ import annotations
 from typing import Any
 
 
+_BY_CODE: dict[str, type["RockstateError"]] = {}  # wire code -> class, filled as the classes are defined
+
+
 class RockstateError(Exception):
     """Root of every rockstate error."""
 
     code = "ERROR"
     retryable = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "code" in cls.__dict__:  # a subclass without its own code is not what a peer's code names
+            taken = _BY_CODE.setdefault(cls.code, cls)
+            if taken is not cls:
+                raise TypeError(f"error code {cls.code!r} of {cls.__qualname__} is taken by {taken.__qualname__}")
 
     def __init__(self, message: str = "", **data: Any) -> None:
         super().__init__(message)
@@ -184,6 +194,13 @@ class FrameTruncatedError(ProtocolError, ConnectionLostError):
     retryable = True
 
 
+class IngestUploadError(ClusterError):
+    """An uploaded SST file is missing or does not match its size and checksum; upload it again."""
+
+    code = "INGEST_UPLOAD"
+    retryable = True
+
+
 class RollbackError(StoreError):
     """A query's state cannot be rolled back that far: the undo records are gone."""
 
@@ -241,6 +258,12 @@ class CheckpointAbortedError(CheckpointError):
     retryable = True
 
 
+class CheckpointPathError(CheckpointError, ValueError):
+    """A path outside the checkpoint storage's folder (deleting it would delete more than the checkpoints)."""
+
+    code = "CHECKPOINT_PATH"
+
+
 class CheckpointsNotConfiguredError(CheckpointError, ConfigError):
     """A checkpoint operation on a store opened without checkpoint storage."""
 
@@ -253,21 +276,9 @@ class SavepointExistsError(CheckpointError, InvalidInputError):
     code = "SAVEPOINT_EXISTS"
 
 
-def _all_subclasses(cls: type) -> list[type]:
-    out = []
-    for sub in cls.__subclasses__():
-        out.append(sub)
-        out.extend(_all_subclasses(sub))
-    return out
-
-
-def _registry() -> dict[str, type[RockstateError]]:
-    return {c.code: c for c in [RockstateError, *_all_subclasses(RockstateError)]}
-
-
 def from_wire(payload: dict) -> RockstateError:
     """Rebuild the error a peer sent; an unknown code becomes the root type."""
-    cls = _registry().get(payload.get("code", ""), RockstateError)
+    cls = _BY_CODE.get(payload.get("code", ""), RockstateError)
     err = cls.__new__(cls)
     RockstateError.__init__(err, payload.get("message", ""), **(payload.get("data") or {}))
     return err

@@ -9,7 +9,7 @@ one bad item writes nothing.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Protocol
 
 import numpy as np
 
@@ -25,17 +25,33 @@ except ImportError:  # only needed for Arrow input
     pa = None
 
 if TYPE_CHECKING:
+    from .checkpoint.coordinator import CheckpointRecord
+    from .checkpoint.restore import RestoreResult
+    from .checkpoint.savepoint import SavepointInfo
     from .ops import Op
 
 SCAN_PAGE = 1000
 
 
+class Checkpointer(Protocol):
+    """A backend's checkpoints (embedded: ``checkpoint/local.py``; a cluster: ``cluster/client.py``)."""
+
+    last_restore: "RestoreResult | None"  # the latest restore through this handle (or on opening it)
+
+    def checkpoint(self) -> "CheckpointRecord": ...
+    def checkpoints(self) -> list["CheckpointRecord"]: ...
+    def restore(self, checkpoint_id: int | None = None, savepoint: str | None = None) -> "RestoreResult": ...
+    def savepoint(self, name: str, checkpoint_id: int | None = None) -> "SavepointInfo": ...
+    def savepoints(self) -> list["SavepointInfo"]: ...
+
+
 class Backend(Protocol):
-    """What a state handle needs from where the partitions live."""
+    """What a state handle (and ``Rockstate``) needs from where the partitions live."""
 
     partitions: int
     max_key_bytes: int
     max_value_bytes: int
+    checkpointer: Checkpointer | None  # None: no checkpoint storage
 
     def define_state(self, spec: StateSpec) -> StateSpec: ...
     def write(self, ops_by_pid: dict[int, list["Op"]]) -> None: ...
@@ -43,6 +59,9 @@ class Backend(Protocol):
     def scan(self, state: str, pid: int, prefix: bytes, after: bytes | None, limit: int) -> list[tuple[bytes, bytes]]: ...
     def count(self, state: str) -> int: ...
     def compare_and_set(self, state: str, pid: int, key: bytes, expected: bytes | None, new: bytes) -> bool: ...
+    def stats(self) -> dict: ...
+    def subscribe(self, callback: Callable[[dict], None]) -> Any: ...  # cluster events; embedded: raises
+    def close(self) -> None: ...
 
 
 def key_list(keys: Any) -> list:

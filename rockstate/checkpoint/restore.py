@@ -15,12 +15,13 @@ A checkpoint without ``_metadata`` was never completed and is never used.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import shutil
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence, TypeVar
+from typing import Awaitable, Callable, Iterable, Sequence, TypeVar
 
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError
 from .manifest import CheckpointMetadata, FileEntry, PartitionManifest, checksum_bytes, checksum_file
@@ -64,6 +65,14 @@ class RestoreResult:
     seconds: float = 0.0  # all of it
     fetch_seconds: float = 0.0  # getting the files in place (download or local copy, checked)
     open_seconds: float = 0.0  # swapping the partitions in and opening them
+
+    def to_dict(self) -> dict:
+        return {**self.__dict__, "skipped": [s.__dict__ for s in self.skipped], "partitions": [p.to_dict() for p in self.partitions]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RestoreResult":
+        return cls(**{**data, "skipped": [SkippedCheckpoint(**s) for s in data["skipped"]],
+                      "partitions": [PartitionRestore(**p) for p in data["partitions"]]})
 
     @property
     def fell_back(self) -> bool:
@@ -223,24 +232,26 @@ def candidates(storage: CheckpointStorage, checkpoint_id: int | None = None, bas
     return sorted(completed, reverse=True)
 
 
-def restore_with_fallback(
+async def restore_with_fallback(
     storage: CheckpointStorage,
-    attempt: Callable[[CheckpointMetadata], T],
+    attempt: Callable[[CheckpointMetadata], Awaitable[T]],
     ids: list[int],
     fallback: bool = True,
     base: str = "",
+    on_skip: Callable[[SkippedCheckpoint], None] = lambda skipped: None,
 ) -> tuple[CheckpointMetadata, T, list[SkippedCheckpoint]]:
-    """Run ``attempt`` on each checkpoint of ``ids`` in turn until one is not corrupt.
+    """Await ``attempt`` on each checkpoint of ``ids`` in turn until one is not corrupt.
 
     ``attempt`` must leave nothing half-done when it raises CorruptCheckpointError.
     """
     skipped: list[SkippedCheckpoint] = []
     for chk in ids:
         try:
-            meta = load_metadata(storage, chk, base)
-            return meta, attempt(meta), skipped
+            meta = await asyncio.to_thread(load_metadata, storage, chk, base)
+            return meta, await attempt(meta), skipped
         except (CorruptCheckpointError, CheckpointNotFoundError) as exc:
             skipped.append(SkippedCheckpoint(chk, exc.message))
+            on_skip(skipped[-1])
             if not fallback:
                 raise
             log.warning("checkpoint %s cannot be restored (%s); trying the previous one", chk, exc.message)

@@ -43,7 +43,7 @@ from typing import Collection
 
 from ..errors import CheckpointAbortedError
 from ..store.partition import Partition
-from ..store.store import write_json
+from ..files import write_json
 from .manifest import FileEntry, PartitionManifest
 from .storage import CheckpointStorage, checkpoint_dir, checkpoint_id_of, manifest_path, private_path, shared_path
 
@@ -73,8 +73,13 @@ class UploadTracker:
 
     ``confirmed`` maps a local SST name to its entry in the last confirmed
     (completed) checkpoint; ``pending`` holds each unconfirmed snapshot's
-    shared files. Persisted in ``path`` on every confirmation, so a restarted
-    process goes on uploading incrementally.
+    shared files. ``confirmed`` is kept in ``path`` so a restarted process goes
+    on uploading incrementally: the transitions only mark it changed, and
+    ``save`` writes it once per operation of the ``Snapshotter``. A
+    confirmation's record is not synced to disk: losing it leaves an older
+    record, which only makes the next snapshot upload more (``check_retained``
+    forgets a checkpoint that is no longer kept). A restore's reset is synced:
+    after it, RocksDB may reuse file names of the abandoned history.
     """
 
     def __init__(self, path: str) -> None:
@@ -82,6 +87,7 @@ class UploadTracker:
         self.confirmed_id: int | None = None
         self.confirmed: dict[str, FileEntry] = {}
         self.pending: dict[int, dict[str, FileEntry]] = {}
+        self._changed = False
         try:
             with open(path) as f:
                 data = json.load(f)
@@ -126,9 +132,15 @@ class UploadTracker:
             self._set(None, {})
 
     def _set(self, checkpoint_id: int | None, entries: dict[str, FileEntry]) -> None:
-        self.confirmed_id, self.confirmed = checkpoint_id, dict(entries)
+        self.confirmed_id, self.confirmed, self._changed = checkpoint_id, dict(entries), True
+
+    def save(self, sync: bool = False) -> None:
+        """Write the record if a transition changed it."""
+        if not self._changed:
+            return
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        write_json(self.path, {"checkpoint_id": checkpoint_id, "files": {n: e.to_dict() for n, e in entries.items()}})
+        write_json(self.path, {"checkpoint_id": self.confirmed_id, "files": {n: e.to_dict() for n, e in self.confirmed.items()}}, sync)
+        self._changed = False
 
 
 class Snapshotter:
@@ -197,6 +209,7 @@ class Snapshotter:
         tracker = self.tracker(pid)
         if retained is not None:
             tracker.check_retained(retained)
+            tracker.save()
         names = sorted(os.listdir(snap.path))
         sizes = {n: os.path.getsize(os.path.join(snap.path, n)) for n in names}
         shared = [n for n in names if is_shared(n)]
@@ -241,7 +254,9 @@ class Snapshotter:
 
     def confirm(self, pid: int, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` is complete (its ``_metadata`` is written)."""
-        self.tracker(pid).confirm(checkpoint_id)
+        tracker = self.tracker(pid)
+        tracker.confirm(checkpoint_id)
+        tracker.save()
 
     def abort(self, pid: int, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` was aborted: forget its uploads and its local snapshot."""
@@ -254,10 +269,12 @@ class Snapshotter:
         ``reference=False`` (a restore from a savepoint, whose files a checkpoint
         must not depend on) makes the next checkpoint upload every file.
         """
+        tracker = self.tracker(pid)
         if manifest is None or not reference:
-            self.tracker(pid).reset(None, {})
+            tracker.reset(None, {})
         else:
-            self.tracker(pid).reset(manifest.checkpoint_id, {e.name: e for e in manifest.files if e.shared})
+            tracker.reset(manifest.checkpoint_id, {e.name: e for e in manifest.files if e.shared})
+        tracker.save(sync=True)
 
     def drop_partition(self, pid: int) -> None:
         """The partition left this process: its local snapshots and upload record go."""

@@ -30,12 +30,15 @@ import re
 import uuid
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Iterable, Iterator, Sequence, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence, TypeVar
 
 import fsspec.core
 
-from ..errors import CheckpointStorageError, CorruptCheckpointError
+from ..errors import CheckpointPathError, CheckpointStorageError, CorruptCheckpointError
 from .manifest import CHUNK, format_checksum
+
+if TYPE_CHECKING:
+    from ..config import CheckpointConfig
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -115,6 +118,10 @@ class CheckpointStorage:
             workers = 16 if self.atomic_put else max(2, os.cpu_count() or 1)
         self.workers = workers
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rockstate-storage")
+
+    @classmethod
+    def of(cls, config: "CheckpointConfig") -> "CheckpointStorage":
+        return cls(config.url, config.storage_options, config.cluster, config.transfer_threads)
 
     def __repr__(self) -> str:
         return f"CheckpointStorage({self.url!r}, cluster={self.cluster!r})"
@@ -274,7 +281,7 @@ class CheckpointStorage:
         """Refuse a path that is not strictly inside the cluster's folder (deleting it would delete everything)."""
         parts = rel.strip("/").split("/")
         if not rel.strip("/") or any(p in ("", ".", "..") for p in parts):
-            raise ValueError(f"refusing to delete {rel!r}: not a path inside the checkpoint storage")
+            raise CheckpointPathError(f"refusing to delete {rel!r}: not a path inside the checkpoint storage", path=rel)
         return rel
 
     def _fresh(self) -> None:

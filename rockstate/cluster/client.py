@@ -21,7 +21,7 @@ from typing import Any, Callable
 from ..api import Rockstate
 from ..checkpoint.coordinator import CheckpointRecord
 from ..checkpoint.manifest import checksum_file
-from ..checkpoint.restore import PartitionRestore, RestoreResult, SkippedCheckpoint
+from ..checkpoint.restore import RestoreResult
 from ..checkpoint.savepoint import SavepointInfo
 from ..errors import ClusterTimeoutError, ConnectionLostError, PartitionUnavailableError, RockstateError, StoreClosedError
 from ..retry import Retry
@@ -53,6 +53,7 @@ class ClusterBackend:
         self._coordinator = self._new_channel(address)
         self._channels: dict[str, Channel] = {}
         self._lock = threading.Lock()
+        self.checkpointer = ClusterCheckpointClient(self._coordinator, self._ask)  # one: it remembers the last restore
         self.table: Table = self._fetch_table(retry=wait)
         self.partitions = self.table.partitions
 
@@ -245,9 +246,6 @@ class ClusterBackend:
 
     # -- checkpoints ---------------------------------------------------------------
 
-    @property
-    def checkpointer(self) -> "ClusterCheckpointClient":
-        return ClusterCheckpointClient(self._coordinator, self._ask)
 
     def count(self, state: str) -> int:
         return self._ask(p.Count(state=state))
@@ -329,8 +327,7 @@ class ClusterCheckpointClient:
 
     def restore(self, checkpoint_id: int | None = None, savepoint: str | None = None) -> RestoreResult:
         r = self._coordinator.call(p.RestoreCluster(checkpoint=checkpoint_id, savepoint=savepoint), timeout=self.TIMEOUT)
-        self.last_restore = RestoreResult(r["checkpoint_id"], r["source"], [SkippedCheckpoint(**s) for s in r["skipped"]],
-                                          [PartitionRestore(**s) for s in r["partitions"]])
+        self.last_restore = RestoreResult.from_dict(r)
         return self.last_restore
 
     def savepoint(self, name: str, checkpoint_id: int | None = None) -> SavepointInfo:

@@ -27,10 +27,10 @@ from ..control import placement
 from ..control.membership import Membership, MemberStatus
 from ..control.migration import Migration
 from ..errors import CheckpointsNotConfiguredError, RockstateError
+from ..files import read_json, write_json
 from ..retry import Retry
 from ..rpc.server import Server
 from ..store import StateSpec
-from ..store.store import read_json, write_json
 from . import protocol as p
 from .answers import ClusterAnswers
 from .checkpointing import ClusterCheckpoints
@@ -87,12 +87,15 @@ class Coordinator(ClusterAnswers):
         }
         self.security = Security.from_config(config.security)
         self.peers = Peers(self.security)
-        self.checkpoints = ClusterCheckpoints(self, self.checkpoint_config) if self.checkpoint_config else None
+        self.table_lock = asyncio.Lock()  # held while partitions move, and by checkpoints and restores
+        self.checkpoints = ClusterCheckpoints(
+            self.checkpoint_config, self.table.partitions, lock=self.table_lock, owners=self.partitions_by_node,
+            channel=lambda peer: peer.rpc(self.security), specs=lambda: self.specs,
+            define=self.define, event=self.event) if self.checkpoint_config else None
         # a new cluster on a storage that holds checkpoints starts from the latest one
         self._restore_on_start = not saved and self.checkpoints is not None  # and it holds one: see start()
         self.server = Server(self.handlers, config.host, config.port, name="coordinator",
                              ssl=self.security.server_ssl, secret=self.security.secret)
-        self.table_lock = asyncio.Lock()  # held while partitions move, and by checkpoints and restores
         self._tasks: set[asyncio.Task] = set()
 
     @property

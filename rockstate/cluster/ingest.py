@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Iterable
 from rocksdict import IngestExternalFileOptions, Options, SstFileWriter
 
 from ..checkpoint.manifest import checksum_file
-from ..errors import ClusterError, PartitionUnavailableError, RockstateError, UnknownStateError
+from ..errors import ClusterError, IngestUploadError, PartitionUnavailableError, RockstateError, UnknownStateError
 from ..store import Store
 from . import protocol as p
 from .gate import Gate
@@ -55,13 +55,6 @@ if TYPE_CHECKING:
 CHUNK = 8 << 20
 STALE_UPLOAD = 3600.0
 _UPLOAD = re.compile(r"^[0-9a-f]{32}$")
-
-
-class IngestUploadError(ClusterError):
-    """An uploaded SST file is missing or does not match its size and checksum; upload it again."""
-
-    code = "INGEST_UPLOAD"
-    retryable = True
 
 
 # -- the client's side ---------------------------------------------------------------

@@ -24,7 +24,7 @@ from typing import Any, Callable
 from ..api import Rockstate
 from ..config import CoordinatorConfig, NodeConfig, SecurityConfig, flat_values
 from ..errors import ClusterError
-from ..store.store import read_json
+from ..files import read_json
 from .client import ClusterBackend, connect
 from .coordinator import Coordinator
 from .node import Node

@@ -93,9 +93,7 @@ class MoveTarget:
 
     def install(self, pid: int) -> None:
         """The fetched copy becomes the (not yet served) partition (blocking)."""
-        self.store.close_partition(pid, drop=True)
-        os.replace(self.dir(pid), self.store.partition_path(pid))
-        self.store.open_partition(pid)
+        self.store.replace_partitions({pid: self.dir(pid)})
 
     def apply(self, pid: int, delta: list) -> None:
         if delta:

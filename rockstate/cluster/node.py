@@ -26,19 +26,19 @@ import os
 import shutil
 import time
 
+from ..checkpoint.participants import LocalPartitions
 from ..config import CheckpointConfig, NodeConfig
 from ..errors import CheckpointsNotConfiguredError, RockstateError, UnknownNodeError
+from ..files import read_json, write_json
 from ..retry import Retry
 from ..rpc.client import AsyncChannel
 from ..rpc.server import Server
 from ..store import StateSpec, Store
-from ..store.store import read_json, write_json
 from . import protocol as p
 from .gate import Gate
 from .ingest import SstIngestor
 from .metrics import NodeMetrics
 from .moves import NodeMoves
-from .node_checkpoints import NodeCheckpoints
 from .security import Security
 from .serving import DataHandlers
 from .table import Table
@@ -55,7 +55,7 @@ class Node:
         os.makedirs(self.data_dir, exist_ok=True)
         self.node_id: str | None = (read_json(self._identity_path, {}) or {}).get("node_id")
         self.store: Store | None = None
-        self.checkpoints: NodeCheckpoints | None = None
+        self.checkpoints: LocalPartitions | None = None
         self.table: Table | None = None
         self.gate = Gate()
         self._retiring: dict[int, asyncio.Future] = {}
@@ -116,7 +116,7 @@ class Node:
         for spec in reply["states"]:
             self.store.define_state(StateSpec.from_dict(spec))
         if reply.get("checkpoints"):
-            self.checkpoints = NodeCheckpoints(self.store, CheckpointConfig(**reply["checkpoints"]))
+            self.checkpoints = LocalPartitions(self.store, CheckpointConfig(**reply["checkpoints"]))
         await self._apply(Table.from_wire(reply["table"]))
         self._drop_stale_partitions()
         if self.config.metrics_port is not None:
@@ -214,21 +214,18 @@ class Node:
 
     # -- checkpoints -----------------------------------------------------------
 
-    def _checkpoints(self) -> NodeCheckpoints:
+    def _checkpoints(self) -> LocalPartitions:
         if self.checkpoints is None:
             raise CheckpointsNotConfiguredError("the cluster has no checkpoint storage (start the coordinator with --checkpoints URL)")
         return self.checkpoints
 
     async def snapshot_partitions(self, msg: p.SnapshotPartitions, conn) -> list:
         pids = [self.gate.check(pid, self.table.epoch, leased=False) for pid in msg.partitions]  # the coordinator asks
-        return await self._checkpoints().snapshot(msg.checkpoint, msg.retained, pids)
+        return [m.to_dict() for m in await self._checkpoints().snapshot(msg.checkpoint, msg.retained, pids)]
 
     async def finish_checkpoint(self, msg: p.FinishCheckpoint, conn) -> None:
         pids = [pid for pid in msg.partitions if self.gate.ownership.owns(pid)]
-        if msg.completed:
-            self._checkpoints().confirm(msg.checkpoint, pids)
-        else:
-            self._checkpoints().abort(msg.checkpoint, pids)
+        await self._checkpoints().finish(msg.checkpoint, msg.completed, pids)
 
     async def restore_partitions(self, msg: p.RestorePartitions, conn) -> list:
         """Restore partitions this node owns, or is about to own (failover)."""
@@ -238,7 +235,7 @@ class Node:
             await self._settled(pid)
             self.gate.ownership.freeze(pid)  # writes wait while the partition is replaced
             try:
-                stats.append(await asyncio.to_thread(checkpoints.restore, pid, msg.checkpoint, msg.base))
+                stats += [s.to_dict() for s in await checkpoints.restore(msg.checkpoint, [pid], msg.base)]
             finally:
                 self.gate.unfreeze(pid)
         return stats

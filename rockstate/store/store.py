@@ -11,8 +11,8 @@ Directory layout::
 from __future__ import annotations
 
 import fcntl
-import json
 import os
+import shutil
 import threading
 from typing import Callable, Iterable
 
@@ -26,6 +26,7 @@ from ..errors import (
     StoreClosedError,
     StoreLockedError,
 )
+from ..files import read_json, write_json
 from . import requests
 from .catalog import StateSpec
 from .checks import check_compare_and_set, check_ops
@@ -34,24 +35,6 @@ from .partition import Partition, Resources
 
 def partition_dir(pid: int) -> str:
     return f"p{pid:04d}"
-
-
-def write_json(path: str, data: object) -> None:
-    """Replace ``path`` atomically."""
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def read_json(path: str, default: object = None) -> object:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return default
 
 
 class Store:
@@ -149,6 +132,31 @@ class Store:
             part = self._parts.pop(pid, None)
         if part is not None:
             part.drop() if drop else part.close()
+
+    def replace_partitions(self, dirs: dict[int, str], states: dict[str, dict] | None = None) -> None:
+        """Each partition's directory becomes ``dirs[pid]`` (a restored or moved-in copy), and is opened.
+
+        Restore, failover and moves all end here. ``states``: the copy's catalog
+        (a checkpoint's), merged into this store's before the partitions open.
+        Renames only: each partition directory is either the old one or the new one.
+        """
+        for pid in dirs:
+            self.close_partition(self.check_pid(pid))
+        old = os.path.join(self.path, "replaced")
+        shutil.rmtree(old, ignore_errors=True)
+        os.makedirs(old)
+        for pid, new in dirs.items():
+            path = self.partition_path(pid)
+            if os.path.exists(path):
+                os.rename(path, os.path.join(old, partition_dir(pid)))
+            os.rename(new, path)
+        shutil.rmtree(old, ignore_errors=True)
+        if states:
+            with self._mutex:  # the specs dict is shared with the open partitions: update it in place
+                self.specs.update({name: StateSpec.from_dict(data) for name, data in states.items()})
+                write_json(self._catalog_path, {n: s.to_dict() for n, s in self.specs.items()})
+        for pid in dirs:
+            self.open_partition(pid)
 
     # -- operations (the node serves these per partition) ----------------
 

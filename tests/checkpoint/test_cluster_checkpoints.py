@@ -152,3 +152,18 @@ def test_checkpoint_and_savepoint_commands(tmp_path, file_url):
         assert "restored savepoint nightly" in cli("savepoint", "restore", "nightly")
         assert "restored checkpoint" in cli("checkpoint", "restore")
         assert "latest completed" in cli("status")
+
+
+def test_restored_names_the_restore_just_done_on_a_cluster(tmp_path, file_url):
+    with LocalCluster(nodes=2, partitions=4, root=str(tmp_path), checkpoints=file_url, processes=False) as cluster:
+        with cluster.connect() as rs:
+            assert rs.restored is None
+            orders = rs.value_state("orders")
+            orders.put_many({f"order-{i:04d}-7f3a": {"total": f"{i}.50", "at": "2026-11-23T12:00:00Z"} for i in range(200)})
+            first = rs.checkpoint()
+            orders.put("order-0001-7f3a", {"total": "0.00", "at": "2026-11-23T12:05:00Z"})
+            result = rs.restore(first.id)
+            assert rs.restored is rs.backend.checkpointer.last_restore
+            assert rs.restored.checkpoint_id == first.id and rs.restored.source == "checkpoint"
+            assert sorted(p.partition for p in rs.restored.partitions) == [0, 1, 2, 3] and result.seconds > 0
+            assert orders.get("order-0001-7f3a")["total"] == "1.50"
