@@ -5,11 +5,15 @@ Layers (as in Flink's RocksDB backend):
 - ``storage``: the external layout over fsspec URLs (file://, s3://, ...).
 - ``manifest``: the partition manifest and the checkpoint ``_metadata``.
 - ``snapshot``: a partition's sync phase (hard-link checkpoint under its lock)
-  and async phase (incremental upload); used by a node for each partition.
+  and async phase (incremental upload).
 - ``restore``: a partition from its manifest; choosing a checkpoint, with fallback.
 - ``savepoint``: self-contained copies by server-side copy.
 - ``coordinator``: the I/O-free state machine (triggers, acks, timeouts, retention).
-- ``local``: the driver for embedded mode.
+- ``participants``: what a checkpoint asks of whoever holds partitions, and
+  ``LocalPartitions``, a process's own (the embedded store's, a node's).
+- ``driver``: the one driver that carries out the state machine's decisions
+  with the participants (embedded, and the cluster's in ``cluster/checkpointing.py``).
+- ``local``: the embedded store's synchronous face on the driver.
 """
 
 from .coordinator import CheckpointCoordinator, CheckpointPolicy, CheckpointRecord

@@ -23,7 +23,7 @@ from ..config import CheckpointConfig
 from ..errors import CheckpointError
 from ..store import Store
 from ..store.catalog import check_name
-from .coordinator import CheckpointCoordinator, CheckpointRecord
+from .coordinator import CheckpointRecord
 from .driver import CheckpointDriver, policy_of
 from .participants import LocalPartitions
 from .restore import RestoreResult
@@ -44,10 +44,10 @@ class LocalCheckpointer:
         check_name(config.cluster, "cluster")
         self.store, self.config = store, config
         self.storage = CheckpointStorage.of(config)
-        self.partitions = LocalPartitions(store, config, self.storage)
-        self.snapshotter = self.partitions.snapshotter
+        self.local = LocalPartitions(store, config, self.storage)
+        self.snapshotter = self.local.snapshotter
         every = list(range(store.partitions))  # embedded: the store holds every partition
-        self.driver = CheckpointDriver(self.storage, store.partitions, policy_of(config), lambda: [(self.partitions, every)],
+        self.driver = CheckpointDriver(self.storage, store.partitions, policy_of(config), lambda: [(self.local, every)],
                                        sweep=config.sweep, specs=lambda: store.specs)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rockstate-checkpoints", daemon=True)
@@ -61,10 +61,6 @@ class LocalCheckpointer:
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
-
-    @property
-    def coordinator(self) -> CheckpointCoordinator:
-        return self.driver.machine
 
     @property
     def last_restore(self) -> RestoreResult | None:
@@ -119,7 +115,7 @@ def open_checkpointer(store: Store, config: CheckpointConfig, restore_from: int 
             ckpt.restore(savepoint=restore_from)
         elif restore_from is not None:
             ckpt.restore(checkpoint_id=int(restore_from))
-        elif fresh and ckpt.coordinator.latest_completed is not None:
+        elif fresh and ckpt.driver.latest() is not None:
             ckpt.restore()
             log.info("restored checkpoint %s from %s into the new store at %s", ckpt.last_restore.checkpoint_id, config.url, store.path)
         for pid in range(store.partitions):  # the store may have been opened with none (see rockstate.open)

@@ -244,8 +244,7 @@ class ClusterBackend:
         known = self.events() if from_now else []
         return Subscription(self, callback, known[-1]["seq"] if known else 0)
 
-    # -- checkpoints ---------------------------------------------------------------
-
+    # -- checkpoints (``checkpointer``) and the coordinator's answers ---------------
 
     def count(self, state: str) -> int:
         return self._ask(p.Count(state=state))

@@ -142,15 +142,14 @@ class Store:
         """
         for pid in dirs:
             self.close_partition(self.check_pid(pid))
-        old = os.path.join(self.path, "replaced")
-        shutil.rmtree(old, ignore_errors=True)
-        os.makedirs(old)
-        for pid, new in dirs.items():
-            path = self.partition_path(pid)
+        for pid, new in dirs.items():  # per partition: moves of other partitions may be doing the same meanwhile
+            path, aside = self.partition_path(pid), os.path.join(self.path, "replaced", partition_dir(pid))
+            shutil.rmtree(aside, ignore_errors=True)
+            os.makedirs(os.path.dirname(aside), exist_ok=True)
             if os.path.exists(path):
-                os.rename(path, os.path.join(old, partition_dir(pid)))
+                os.rename(path, aside)
             os.rename(new, path)
-        shutil.rmtree(old, ignore_errors=True)
+            shutil.rmtree(aside, ignore_errors=True)
         if states:
             with self._mutex:  # the specs dict is shared with the open partitions: update it in place
                 self.specs.update({name: StateSpec.from_dict(data) for name, data in states.items()})
