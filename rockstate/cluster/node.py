@@ -196,6 +196,7 @@ class Node:
             for pid in change.opened:
                 await self._settled(pid)
                 self.store.open_partition(pid)
+                self.gate.ownership.opened(pid)
             self.table = table
             self.metrics.partitions.set(len(self.owned))
 

@@ -24,9 +24,9 @@ States of one partition on this node::
                       └──── (thaw(), then a table that names it) ◀─────────┘
     any state ── a table that names another owner ──▶ gone (its files are retired)
 
-- ``apply_table``: partitions the table gives this node start SERVING at
-  the epoch it names for them (``since``); those it names elsewhere are
-  retired. A RELEASED partition is not served again even by a table that
+- ``apply_table``: partitions the table names elsewhere are retired at
+  once; those it gives this node start SERVING, at the epoch it names for
+  them (``since``), once the node has opened them (``opened``). A RELEASED partition is not served again even by a table that
   still names this node (another move's commit, sent before this one's):
   only ``thaw`` (from a restarted coordinator) gives it back.
 - ``copy``: the move's source took a copy and records writes from now on
@@ -76,6 +76,7 @@ class Ownership:
         self.since: dict[int, int] = {}  # partition -> epoch it became this node's (released ones too)
         self.phase: dict[int, Phase] = {}
         self.frozen: set[int] = set()
+        self._opening: dict[int, int] = {}  # partitions the last table gave, not open yet -> their since
 
     def join(self, node_id: str, partitions: int, lease: float, sent: float) -> None:
         """The coordinator registered this node (a registration sent at ``sent``)."""
@@ -99,12 +100,16 @@ class Ownership:
         for pid in retired:
             self._forget(pid)
         opened = tuple(sorted(named - set(self.phase)))
-        for pid in named:
-            phase = self.phase.setdefault(pid, Phase.SERVING)  # one moving out goes on moving
-            if phase is not Phase.RELEASED:
+        self._opening = {pid: since[pid] for pid in opened}
+        for pid, phase in self.phase.items():  # one moving out goes on moving
+            if pid in named and phase is not Phase.RELEASED:
                 self.since[pid] = since[pid]
         self.epoch, self.owners = epoch, tuple(owners)
         return TableChange(opened, retired)
+
+    def opened(self, pid: int) -> None:
+        """A partition the last table gave this node is open: it is SERVING from now on (not before)."""
+        self.since[pid], self.phase[pid] = self._opening.pop(pid), Phase.SERVING
 
     def _forget(self, pid: int) -> None:
         self.since.pop(pid, None)

@@ -14,7 +14,8 @@ from rockstate.errors import NotOwnerError, PartitionUnavailableError
 def serving_gate() -> Gate:
     gate = Gate()
     gate.ownership.join("node-1", 2, lease=60.0, sent=time.monotonic())
-    gate.apply_table(Table(1, ("node-1", "node-1"), {"node-1": "127.0.0.1:1"}, (1, 1)))
+    for pid in gate.apply_table(Table(1, ("node-1", "node-1"), {"node-1": "127.0.0.1:1"}, (1, 1))).opened:
+        gate.ownership.opened(pid)
     return gate
 
 

@@ -8,10 +8,18 @@ from rockstate.errors import NotOwnerError, PartitionRangeError, PartitionUnavai
 ME, OTHER = "node-1", "node-2"
 
 
+def apply(own: Ownership, epoch: int, owners: list, since: list) -> TableChange | None:
+    """A table, and the node opening what it gives (as ``Node._apply`` does)."""
+    change = own.apply_table(epoch, owners, since)
+    for pid in change.opened if change else ():
+        own.opened(pid)
+    return change
+
+
 def joined(now=100.0) -> Ownership:
     own = Ownership()
     own.join(ME, 4, lease=2.5, sent=now)
-    assert own.apply_table(3, [ME, OTHER, ME, None], [1, 2, 3, 0]) == TableChange(opened=(0, 2), retired=())
+    assert apply(own, 3, [ME, OTHER, ME, None], [1, 2, 3, 0]) == TableChange(opened=(0, 2), retired=())
     return own
 
 
@@ -25,10 +33,22 @@ def test_a_table_gives_partitions_at_their_epoch_and_older_tables_are_ignored():
     assert info.value.data == {"partition": 2, "epoch": 3} and "owner: node-1, table epoch 3" in str(info.value)
     with pytest.raises(NotOwnerError, match="owner: node-2"):
         own.check(1, 9, 101.0)
-    assert own.apply_table(3, [OTHER] * 4, [4] * 4) is None  # not newer
+    assert apply(own, 3, [OTHER] * 4, [4] * 4) is None  # not newer
     assert own.owned() == [0, 2]
-    assert own.apply_table(4, [OTHER, OTHER, ME, ME], [4, 2, 3, 4]) == TableChange(opened=(3,), retired=(0,))
+    assert apply(own, 4, [OTHER, OTHER, ME, ME], [4, 2, 3, 4]) == TableChange(opened=(3,), retired=(0,))
     assert own.owned() == [2, 3]
+
+
+def test_a_partition_given_is_served_once_open_and_one_taken_away_at_once():
+    own = joined()
+    change = own.apply_table(4, [OTHER, ME, ME, ME], [4, 4, 3, 4])
+    assert change == TableChange(opened=(1, 3), retired=(0,))
+    with pytest.raises(NotOwnerError):
+        own.check(0, 4, 101.0)  # taken away: refused before its files are retired
+    with pytest.raises(NotOwnerError):
+        own.check(1, 4, 101.0)  # given, not open yet
+    own.opened(1)
+    assert own.check(1, 4, 101.0) == 1 and own.owned() == [1, 2]
 
 
 def test_the_lease_fences_client_requests_not_the_coordinators():
@@ -55,7 +75,7 @@ def test_a_move_out_copies_hands_over_and_releases_until_the_new_table():
     with pytest.raises(PartitionUnavailableError, match="being copied"):
         own.check_ingest(0, 3)  # an ingest cannot be recorded for the target
     assert own.check(0, 3, 101.0) == 0  # writes go on, recorded
-    own.apply_table(4, [ME, OTHER, ME, None], [1, 2, 3, 0])  # another move's commit: this one goes on
+    apply(own, 4, [ME, OTHER, ME, None], [1, 2, 3, 0])  # another move's commit: this one goes on
     assert own.phase[0] is Phase.COPYING
     own.freeze(0)
     assert 0 in own.frozen
@@ -71,9 +91,9 @@ def test_a_move_out_copies_hands_over_and_releases_until_the_new_table():
         own.copy(0)
     assert own.release(0) is False
     # a table sent before the commit still names this node: the partition is not served again
-    assert own.apply_table(5, [ME, OTHER, ME, None], [1, 2, 3, 0]) == TableChange()
+    assert apply(own, 5, [ME, OTHER, ME, None], [1, 2, 3, 0]) == TableChange()
     assert own.phase[0] is Phase.RELEASED
-    assert own.apply_table(6, [OTHER, OTHER, ME, None], [6, 2, 3, 0]) == TableChange(retired=(0,))
+    assert apply(own, 6, [OTHER, OTHER, ME, None], [6, 2, 3, 0]) == TableChange(retired=(0,))
     assert 0 not in own.phase
 
 
@@ -94,7 +114,7 @@ def test_a_failed_move_serves_on_and_a_thaw_ends_every_move():
     assert own.thaw() == [2]
     assert own.phase == {2: Phase.SERVING} and not own.frozen
     # the released partition is served again once the restarted coordinator's table names it
-    assert own.apply_table(4, [ME, OTHER, ME, None], [1, 2, 3, 0]) == TableChange(opened=(0,))
+    assert apply(own, 4, [ME, OTHER, ME, None], [1, 2, 3, 0]) == TableChange(opened=(0,))
     assert own.owned() == [0, 2]
 
 
