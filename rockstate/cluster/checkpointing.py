@@ -16,7 +16,6 @@ import asyncio
 import logging
 from typing import Any, Awaitable, Callable, Sequence
 
-from ..checkpoint.coordinator import CheckpointCoordinator
 from ..checkpoint.driver import CheckpointDriver, policy_of
 from ..checkpoint.participants import Holding
 from ..checkpoint.restore import PartitionRestore
@@ -86,10 +85,6 @@ class ClusterCheckpoints:
                 raise
 
         await STORAGE_RETRY.acall(load)
-
-    @property
-    def machine(self) -> CheckpointCoordinator:
-        return self.driver.machine
 
     def latest(self) -> int | None:
         return self.driver.latest()

@@ -5,7 +5,8 @@ import os
 import msgpack
 import pytest
 
-from rockstate.checkpoint.manifest import PartitionManifest
+from rockstate.checkpoint import snapshot
+from rockstate.checkpoint.manifest import FileEntry, PartitionManifest
 from rockstate.checkpoint.restore import restore_partition
 from rockstate.checkpoint.snapshot import Snapshotter, UploadTracker
 from rockstate.checkpoint.storage import manifest_path
@@ -102,3 +103,24 @@ def test_restore_partition_names_the_bad_file_and_leaves_nothing(node_store, sto
     # the local snapshot still has a good copy: it is used instead of the bad remote one
     stats = restore_partition(storage, manifest, target, [snap.local_path(3, 1)])
     assert stats.files_local == len(manifest.files) and stats.files_downloaded == 0
+
+
+def test_the_upload_record_is_written_once_per_operation_and_synced_after_a_restore(tmp_path, monkeypatch):
+    writes = []
+    real = snapshot.write_json
+    monkeypatch.setattr(snapshot, "write_json", lambda path, data, sync=True: writes.append((data["checkpoint_id"], sync)) or real(path, data, sync))
+    snap = Snapshotter(None, str(tmp_path / "checkpoints"))  # confirm and reset touch no storage
+    tracker = snap.tracker(5)
+    sst = {"000012.sst": FileEntry("000012.sst", "shared/p0005/000012-4f1c.sst", 1 << 20, "crc32c:1a2b", True, True)}
+    tracker.add_pending(3, sst)
+    tracker.add_pending(4, sst)
+    tracker.check_retained((3,))  # two transitions (3 confirmed, then kept): nothing written yet
+    tracker.check_retained((4,))  # 4 confirmed in its place
+    assert writes == [] and not os.path.exists(tracker.path)
+    tracker.save()
+    assert writes == [(4, False)]
+    snap.confirm(5, 4)  # already confirmed: nothing changed, nothing written
+    assert writes == [(4, False)]
+    snap.reset(5, PartitionManifest(5, 2, list(sst.values()), ["s"]))  # a restore: written and synced at once
+    assert writes == [(4, False), (2, True)]
+    assert UploadTracker(tracker.path).confirmed_id == 2
