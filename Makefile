@@ -4,7 +4,7 @@ STAMP := $(VENV)/.installed
 export PYSPARK_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: setup test demo bench soak chaos clean
+.PHONY: setup test demo bench soak chaos spark-cluster clean
 
 $(STAMP): pyproject.toml scripts/setup.sh
 	VENV=$(VENV) scripts/setup.sh
@@ -29,6 +29,10 @@ soak: setup
 chaos: setup
 	$(PY) -m rockstate.testing.chaos --seed 1 2 3 4 5 --events 40000 --files 20 --rounds 2
 	$(PY) -m rockstate.testing.chaos --seed 6 7 --events 40000 --files 20 --rounds 2 --storage s3
+
+# the demo's pipeline on a standalone Spark master + two workers, and through Spark Connect (a few minutes)
+spark-cluster: setup
+	$(PY) -m pytest -q -m spark_cluster tests/spark/test_spark_cluster.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -201,12 +201,6 @@ class IngestUploadError(ClusterError):
     retryable = True
 
 
-class RollbackError(StoreError):
-    """A query's state cannot be rolled back that far: the undo records are gone."""
-
-    code = "ROLLBACK"
-
-
 # -- pipelines ---------------------------------------------------------------
 
 
@@ -216,10 +210,34 @@ class UnsupportedClientError(ConfigError):
     code = "UNSUPPORTED_CLIENT"
 
 
+class UnsupportedShapeError(ConfigError):
+    """The operator runs where its state cannot be kept exactly once and no weaker guarantee is offered."""
+
+    code = "UNSUPPORTED_SHAPE"
+
+
 class StateRewoundError(RockstateError):
     """A query's state is behind Spark's last committed batch (restored from an older checkpoint)."""
 
     code = "STATE_REWOUND"
+
+
+class StateAheadError(RockstateError):
+    """Spark is running a micro-batch whose state version was already applied (its checkpoint was rewound)."""
+
+    code = "STATE_AHEAD"
+
+
+class BatchAppliedError(RockstateError):
+    """A task attempt staged writes for a micro-batch already applied: a late attempt of a committed batch."""
+
+    code = "BATCH_APPLIED"
+
+
+class StageIncompleteError(RockstateError):
+    """A task attempt's staged pieces are not all on a partition (it was restored or moved); the task must run again."""
+
+    code = "STAGE_INCOMPLETE"
 
 
 # -- checkpoints -------------------------------------------------------------

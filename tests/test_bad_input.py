@@ -247,11 +247,12 @@ def test_oversized_raw_op_on_a_node(cluster, rs, case, via):
             if via == "write":
                 channel.call(p.Write(epoch=epoch, groups=groups))
             else:
-                channel.call(p.Stage(epoch=epoch, query=query, batch=0, task=0, attempt=0, seq=0, groups=groups))
+                channel.call(p.Stage(epoch=epoch, query=query, batch=0, operator="op", attempt=0, seq=0, groups=groups))
         _check_size_error(info.value, limit, words)
-        if via == "stage":  # nothing was staged: committing the batch applies nothing
-            channel.call(p.StageDone(epoch=epoch, query=query, batch=0, task=0, attempt=0, groups=[[a, None], [b, None]]))
-            channel.call(p.CommitBatch(epoch=epoch, query=query, batch=0, groups=[[a, None], [b, None]]))
+        if via == "stage":  # nothing was staged: applying the batch applies nothing
+            channel.call(p.StageDone(epoch=epoch, query=query, batch=0, operator="op", attempt=0, groups=[[a, 0], [b, 0]]))
+            channel.call(p.Seal(epoch=epoch, query=query, batch=0, operator="op", groups=[[a, None], [b, None]]))
+            channel.call(p.AdvanceBatches(epoch=epoch, query=query, batch=1, groups=[[a, None], [b, None]]))
         assert raw_read(channel, rs, a, [good]) == [None]
         assert raw_read(channel, rs, b, [before]) == [None]
         # the same connection still serves a write of the same shape within the limits
@@ -481,8 +482,8 @@ def test_partition_out_of_range_raw(cluster, rs, pid, op):
 def _out_of_range(epoch: int, pid: int) -> dict:
     """case -> (where, the message's wire form, the field, what the error says)."""
     scan = p.Scan(epoch=epoch, partition=pid, state="raw-target").to_wire()
-    stage = p.Stage(epoch=epoch, query="range", batch=0, task=0, attempt=0, seq=0, groups=[]).to_wire()
-    rollback = p.RollbackBatches(epoch=epoch, query="range", to_batch=None, groups=[]).to_wire()
+    stage = p.Stage(epoch=epoch, query="range", batch=0, operator="op", attempt=0, seq=0, groups=[]).to_wire()
+    finish = p.FinishTask(epoch=epoch, query="range", batch=0, operator="op", run="", task=0, tasks=1, pids=[], groups=[]).to_wire()
     chunk = p.MoveChunk(partition=pid, name="x", offset=0, length=1).to_wire()
     return {
         "scan limit -1": ("node", {**scan, "limit": -1}, "limit",
@@ -491,10 +492,10 @@ def _out_of_range(epoch: int, pid: int) -> dict:
         "scan limit 100001": ("node", {**scan, "limit": 100_001}, "limit", "must be an int from 1 to 100000, not 100001"),
         "stage batch -1": ("node", {**stage, "batch": -1}, "batch",
                            "field 'batch' of 'stage' message must be an int from 0 to 2**64 - 1, not -1"),
-        "stage task 2**32": ("node", {**stage, "task": 1 << 32}, "task",
-                             "field 'task' of 'stage' message must be an int from 0 to 2**32 - 1"),
-        "rollback to batch -2": ("node", {**rollback, "to_batch": -2}, "to_batch",
-                                 "field 'to_batch' of 'rollback_batches' message must be None or an int from 0 to 2**64 - 2"),
+        "stage seq 2**32": ("node", {**stage, "seq": 1 << 32}, "seq",
+                            "field 'seq' of 'stage' message must be an int from 0 to 2**32 - 1"),
+        "finish task of 0 tasks": ("node", {**finish, "tasks": 0}, "tasks",
+                                   "field 'tasks' of 'finish_task' message must be an int from 1 to 2**32 - 1, not 0"),
         "move chunk length -1": ("node", {**chunk, "length": -1}, "length",
                                  "field 'length' of 'move_chunk' message must be an int from 1 to 2**28, not -1"),
         "events wait -1": ("coordinator", {**p.Events().to_wire(), "wait": -1.0}, "wait",

@@ -1,4 +1,4 @@
-"""Staged micro-batch writes: commit picks one attempt per task, is idempotent, and can be undone."""
+"""State versioned by micro-batch: a batch's stage is applied once a later batch advances, one done attempt per operator."""
 
 import pytest
 
@@ -6,7 +6,7 @@ from rockstate.config import StoreConfig
 from rockstate.serde import decode_stream, decode_value, encode_key, encode_value
 from rockstate.store import APPEND, DELETE, DELETE_PREFIX, PUT, PUT_MANY, StateSpec, Store
 from rockstate.store import staging
-from rockstate.errors import RollbackError
+from rockstate.errors import BatchAppliedError, StageIncompleteError, StateRewoundError
 
 
 @pytest.fixture
@@ -33,89 +33,89 @@ def get(part, state, key):
     return None if data is None else decode_value(data)
 
 
-def test_stage_is_invisible_until_commit(part):
-    staging.stage(part, "q", 0, task=0, attempt=0, seq=0, ops=[(PUT, "counts", k("a"), v(1))])
-    staging.mark_done(part, "q", 0, 0, 0)
+def run(part, batch, attempt, ops_list, operator="op", done=True, query="q"):
+    """Stage ``ops_list`` (one piece each) as an attempt of the batch, marked done unless told not to."""
+    for seq, ops in enumerate(ops_list):
+        staging.stage(part, query, batch, operator, attempt, seq, ops)
+    if done:
+        staging.mark_done(part, query, batch, operator, attempt, len(ops_list))
+
+
+def seal_and_advance(part, batch, query="q", operator="op"):
+    staging.seal(part, query, batch, operator)
+    return staging.advance(part, query, batch + 1)
+
+
+def test_a_batch_is_invisible_until_a_later_batch_advances(part):
+    run(part, 0, 7, [[(PUT, "counts", k("a"), v(1))]])
+    assert staging.advance(part, "q", 0) is None  # batch 0 itself reads the state before it
     assert get(part, "counts", "a") is None
-    assert staging.commit(part, "q", 0) is True
+    assert seal_and_advance(part, 0) == 0
     assert get(part, "counts", "a") == 1
-    assert staging.committed(part, "q") == 0
+    assert staging.applied(part, "q") == 0
     assert list(part.raw_items(staging.STAGED)) == []  # the stage is gone
+    assert staging.advance(part, "q", 1) == 0  # idempotent
 
 
-def test_commit_takes_the_highest_done_attempt_per_task(part):
-    # task 0: attempt 0 failed midway (not done), attempt 1 done; task 1: attempts 0 and 2 done
-    staging.stage(part, "q", 5, 0, 0, 0, [(PUT, "counts", k("t0"), v("attempt0"))])
-    staging.stage(part, "q", 5, 0, 1, 0, [(PUT, "counts", k("t0"), v("attempt1"))])
-    staging.stage(part, "q", 5, 0, 1, 1, [(PUT, "counts", k("t0b"), v("attempt1-flush2"))])
-    staging.mark_done(part, "q", 5, 0, 1)
-    staging.stage(part, "q", 5, 1, 0, 0, [(PUT, "counts", k("t1"), v("a0")), (PUT, "counts", k("extra"), v(1))])
-    staging.stage(part, "q", 5, 1, 2, 0, [(PUT, "counts", k("t1"), v("a2"))])
-    staging.mark_done(part, "q", 5, 1, 0)
-    staging.mark_done(part, "q", 5, 1, 2)
-    staging.stage(part, "q", 5, 2, 0, 0, [(PUT, "counts", k("never"), v("not done"))])
-    staging.commit(part, "q", 5)
-    assert get(part, "counts", "t0") == "attempt1"
-    assert get(part, "counts", "t0b") == "attempt1-flush2"
-    assert get(part, "counts", "t1") == "a2"
-    assert get(part, "counts", "extra") is None  # attempt 0 of task 1 was replaced whole
-    assert get(part, "counts", "never") is None
+def test_one_done_attempt_per_operator_is_the_batch_version(part):
+    # a failed attempt (not done) with other writes; two done attempts (a retry and a re-run) with the same writes
+    run(part, 5, 1, [[(PUT, "counts", k("a"), v("partial"))], [(PUT, "counts", k("stray"), v(1))]], done=False)
+    for attempt in (2, 3):
+        run(part, 5, attempt, [[(PUT, "counts", k("a"), v("chunk1"))], [(PUT, "counts", k("a"), v("final")), (PUT, "counts", k("b"), v(2))]])
+    run(part, 5, 4, [[(APPEND, "l", k("x"), v(1))]], operator="other")  # a second operator of the query
+    for batch in range(5):
+        staging.seal(part, "q", batch, "op")
+    assert seal_and_advance(part, 5) == 5
+    assert get(part, "counts", "a") == "final" and get(part, "counts", "b") == 2
+    assert get(part, "counts", "stray") is None  # the failed attempt applied nothing
+    assert decode_stream(part.get_many("l", [k("x")])[0]) == [1]  # once, though the batch had two done attempts
 
 
-def test_commit_is_idempotent(part):
-    staging.stage(part, "q", 0, 0, 0, 0, [(APPEND, "l", k("x"), v(1))])
-    staging.mark_done(part, "q", 0, 0, 0)
-    assert staging.commit(part, "q", 0)
-    assert not staging.commit(part, "q", 0)  # a retried commit applies nothing twice
-    assert decode_stream(part.get_many("l", [k("x")])[0]) == [1]
+def test_a_done_attempt_must_have_every_piece(part):
+    staging.stage(part, "q", 0, "op", 9, 1, [(PUT, "counts", k("a"), v(1))])  # piece 0 was lost with a node
+    with pytest.raises(StageIncompleteError, match="holds 1 of the attempt's 2 staged pieces"):
+        staging.mark_done(part, "q", 0, "op", 9, 2)
 
 
-def test_rollback_restores_the_state_before_the_batches(part):
-    part.write([(PUT, "counts", k("a"), v(0)), (PUT, "other", k("a"), v("untouched"))])
-    for batch in range(3):
-        staging.stage(part, "q", batch, 0, 0, 0, [
-            (PUT_MANY, "counts", [k("a"), k(f"new{batch}")], [v(batch + 1), v(batch)]),
-            (APPEND, "l", k("log"), v(batch)),
-            (PUT, "m", k("u") + k(batch), v(batch)),
-        ])
-        staging.mark_done(part, "q", batch, 0, 0)
-        staging.commit(part, "q", batch)
-    # another query's writes to its own state are not touched by q's rollback
-    staging.stage(part, "other-q", 0, 0, 0, 0, [(PUT, "other", k("b"), v("kept"))])
-    staging.mark_done(part, "other-q", 0, 0, 0)
-    staging.commit(part, "other-q", 0)
-    assert get(part, "counts", "a") == 3
-    assert staging.rollback(part, "q", 0) == 2
+def test_attempts_of_an_applied_batch_are_refused(part):
+    run(part, 0, 1, [[(PUT, "counts", k("a"), v(1))]])
+    seal_and_advance(part, 0)
+    with pytest.raises(BatchAppliedError):
+        staging.stage(part, "q", 0, "op", 2, 0, [(PUT, "counts", k("a"), v(99))])
+    with pytest.raises(BatchAppliedError):
+        staging.mark_done(part, "q", 0, "op", 2, 0)
     assert get(part, "counts", "a") == 1
-    assert get(part, "counts", "new0") == 0 and get(part, "counts", "new1") is None and get(part, "counts", "new2") is None
-    assert decode_stream(part.get_many("l", [k("log")])[0]) == [0]
-    assert get(part, "other", "a") == "untouched" and get(part, "other", "b") == "kept"
-    assert staging.committed(part, "q") == 0
-    # the batch can be committed again after the rollback, e.g. on replay
-    staging.stage(part, "q", 1, 0, 0, 0, [(PUT, "counts", k("a"), v("replayed"))])
-    staging.mark_done(part, "q", 1, 0, 0)
-    assert staging.commit(part, "q", 1)
-    assert get(part, "counts", "a") == "replayed"
 
 
-def test_rollback_of_a_map_clear_and_a_delete(part):
+def test_a_partition_behind_the_last_seal_is_refused(part):
+    run(part, 0, 1, [[(PUT, "counts", k("a"), v(1))]])
+    # batch 0 was never sealed here (restored from a checkpoint before its seal): batch 1 must not read it
+    with pytest.raises(StateRewoundError, match="through batch None"):
+        staging.advance(part, "q", 1)
+    assert staging.advance(part, "q", 0) is None  # a first batch has nothing before it
+
+
+def test_versions_of_a_map_clear_and_deletes(part):
     part.write([(PUT, "m", k("u") + k(i), v(i)) for i in range(3)] + [(PUT, "counts", k("gone"), v(1))])
-    staging.stage(part, "q", 0, 0, 0, 0, [(DELETE_PREFIX, "m", k("u"), None), (DELETE, "counts", k("gone"), None)])
-    staging.mark_done(part, "q", 0, 0, 0)
-    staging.commit(part, "q", 0)
-    assert list(part.scan("m", k("u"))) == [] and get(part, "counts", "gone") is None
-    staging.rollback(part, "q", None)
-    assert len(part.scan("m", k("u"))) == 3 and get(part, "counts", "gone") == 1
-    assert staging.committed(part, "q") is None
+    run(part, 0, 1, [[(DELETE_PREFIX, "m", k("u"), None), (DELETE, "counts", k("gone"), None)],
+                     [(PUT_MANY, "m", [k("u") + k(9)], [v(9)])]])
+    assert len(part.scan("m", k("u"))) == 3  # not yet
+    seal_and_advance(part, 0)
+    assert [decode_value(val) for _, val in part.scan("m", k("u"))] == [9] and get(part, "counts", "gone") is None
 
 
-def test_rollback_further_than_the_kept_undo_is_refused(part):
-    for batch in range(staging.KEEP_UNDO + 2):
-        staging.stage(part, "q", batch, 0, 0, 0, [(PUT, "counts", k("a"), v(batch))])
-        staging.mark_done(part, "q", batch, 0, 0)
-        staging.commit(part, "q", batch)
-    with pytest.raises(RollbackError, match="undo of batches"):
-        staging.rollback(part, "q", 0)
-    assert get(part, "counts", "a") == staging.KEEP_UNDO + 1  # nothing changed
-    staging.rollback(part, "q", staging.KEEP_UNDO)
-    assert get(part, "counts", "a") == staging.KEEP_UNDO
+def test_queries_are_versioned_apart(part):
+    run(part, 0, 1, [[(PUT, "counts", k("a"), v("q"))]])
+    run(part, 3, 1, [[(PUT, "other", k("a"), v("r"))]], query="r")
+    seal_and_advance(part, 0)
+    assert get(part, "counts", "a") == "q" and get(part, "other", "a") is None
+    assert staging.applied(part, "r") is None
+
+
+def test_the_last_task_of_a_batch_completes_the_count_once(part):
+    answers = [staging.finish_task(part, "q", 0, "op", "run-1", t, 3, [t], None) for t in (0, 2, 2, 1, 1)]
+    assert [a[0] for a in answers] == [False, False, False, True, False]  # task 1 completed it; its retry did not
+    assert answers[3][1] == [0, 1, 2]
+    # a new run of the batch counts again; a failure is sticky for the run
+    assert staging.finish_task(part, "q", 0, "op", "run-2", 0, 1, [], "lost")[0:3] == [True, [], "lost"]
+    assert staging.finish_task(part, "q", 0, "op", "run-2", 0, 1, [], None)[2] == "lost"

@@ -210,28 +210,30 @@ class ClusterBackend:
 
     # -- staged micro-batch transactions (see store/staging.py) ------------------
 
-    def stage(self, query: str, batch: int, task: int, attempt: int, seq: int, ops_by_pid: dict[int, list]) -> None:
+    def stage(self, query: str, batch: int, operator: str, attempt: int, seq: int, ops_by_pid: dict[int, list]) -> None:
         self._routed(ops_by_pid, lambda epoch, groups: p.Stage(
-            epoch=epoch, query=query, batch=batch, task=task, attempt=attempt, seq=seq, groups=groups))
+            epoch=epoch, query=query, batch=batch, operator=operator, attempt=attempt, seq=seq, groups=groups))
 
-    def stage_done(self, query: str, batch: int, task: int, attempt: int, pids) -> None:
-        self._routed(dict.fromkeys(pids), lambda epoch, groups: p.StageDone(
-            epoch=epoch, query=query, batch=batch, task=task, attempt=attempt, groups=groups))
+    def stage_done(self, query: str, batch: int, operator: str, attempt: int, pieces_by_pid: dict[int, int]) -> None:
+        self._routed(pieces_by_pid, lambda epoch, groups: p.StageDone(
+            epoch=epoch, query=query, batch=batch, operator=operator, attempt=attempt, groups=groups))
 
-    def commit_batch(self, query: str, batch: int) -> int:
-        """Commit (query, batch) on every partition; returns how many applied it now (the rest had already)."""
-        done = self._routed(dict.fromkeys(range(self.partitions)), lambda epoch, groups: p.CommitBatch(
+    def advance_batches(self, query: str, batch: int, pids=None) -> dict[int, int | None]:
+        """Apply the query's staged batches below ``batch`` on ``pids`` (default all); answers each one's applied batch."""
+        pids = range(self.partitions) if pids is None else pids
+        return self._routed(dict.fromkeys(pids), lambda epoch, groups: p.AdvanceBatches(
             epoch=epoch, query=query, batch=batch, groups=groups))
-        return sum(done.values())
 
-    def rollback_batches(self, query: str, to_batch: int | None) -> int:
-        undone = self._routed(dict.fromkeys(range(self.partitions)), lambda epoch, groups: p.RollbackBatches(
-            epoch=epoch, query=query, to_batch=to_batch, groups=groups))
-        return sum(undone.values())
+    def finish_task(self, query: str, batch: int, operator: str, run: str, task: int, tasks: int,
+                    pids: list, record_pids: list, failed: str | None = None) -> dict[int, list]:
+        """Count a task of the batch's operator on ``record_pids`` (see store/staging.finish_task)."""
+        return self._routed(dict.fromkeys(record_pids), lambda epoch, groups: p.FinishTask(
+            epoch=epoch, query=query, batch=batch, operator=operator, run=run, task=task, tasks=tasks,
+            pids=list(pids), failed=failed, groups=groups))
 
-    def committed_batches(self, query: str) -> dict[int, int | None]:
-        return self._routed(dict.fromkeys(range(self.partitions)), lambda epoch, groups: p.CommittedBatch(
-            epoch=epoch, query=query, groups=groups))
+    def seal(self, query: str, batch: int, operator: str) -> dict[int, bool]:
+        return self._routed(dict.fromkeys(range(self.partitions)), lambda epoch, groups: p.Seal(
+            epoch=epoch, query=query, batch=batch, operator=operator, groups=groups))
 
     # -- events --------------------------------------------------------------------
 

@@ -27,9 +27,9 @@ class DataHandlers:
             p.Scan: self.scan,
             p.Stage: self.stage,
             p.StageDone: self.stage_done,
-            p.CommitBatch: self.commit_batch,
-            p.RollbackBatches: self.rollback_batches,
-            p.CommittedBatch: self.committed_batch,
+            p.AdvanceBatches: self.advance_batches,
+            p.FinishTask: self.finish_task,
+            p.Seal: self.seal,
             p.NodeStats: self.stats,
             p.NodeCount: self.count,
             p.NodeDefineState: self.define_state,
@@ -67,22 +67,23 @@ class DataHandlers:
 
     async def stage(self, msg: p.Stage, conn) -> None:
         groups = await self._writable(msg)
-        self.store.check_ops(groups)  # now, not at commit: a bad staged op would fail every commit of the batch
+        self.store.check_ops(groups)  # now, not when applied: a bad staged op would fail every later batch
         for pid, ops in groups:
-            staging.stage(self.store.partition(pid), msg.query, msg.batch, msg.task, msg.attempt, msg.seq, ops)
+            staging.stage(self.store.partition(pid), msg.query, msg.batch, msg.operator, msg.attempt, msg.seq, ops)
 
     async def stage_done(self, msg: p.StageDone, conn) -> None:
-        for pid, _ in await self._writable(msg):
-            staging.mark_done(self.store.partition(pid), msg.query, msg.batch, msg.task, msg.attempt)
+        for pid, pieces in await self._writable(msg):
+            staging.mark_done(self.store.partition(pid), msg.query, msg.batch, msg.operator, msg.attempt, pieces)
 
-    async def commit_batch(self, msg: p.CommitBatch, conn) -> list:
-        return [staging.commit(self.store.partition(pid), msg.query, msg.batch) for pid, _ in await self._writable(msg)]
+    async def advance_batches(self, msg: p.AdvanceBatches, conn) -> list:
+        return [staging.advance(self.store.partition(pid), msg.query, msg.batch) for pid, _ in await self._writable(msg)]
 
-    async def rollback_batches(self, msg: p.RollbackBatches, conn) -> list:
-        return [staging.rollback(self.store.partition(pid), msg.query, msg.to_batch) for pid, _ in await self._writable(msg)]
+    async def finish_task(self, msg: p.FinishTask, conn) -> list:
+        return [staging.finish_task(self.store.partition(pid), msg.query, msg.batch, msg.operator, msg.run, msg.task,
+                                    msg.tasks, msg.pids, msg.failed) for pid, _ in await self._writable(msg)]
 
-    async def committed_batch(self, msg: p.CommittedBatch, conn) -> list:
-        return [staging.committed(self.store.partition(self.gate.check(pid, msg.epoch)), msg.query) for pid, _ in _groups(msg)]
+    async def seal(self, msg: p.Seal, conn) -> list:
+        return [staging.seal(self.store.partition(pid), msg.query, msg.batch, msg.operator) for pid, _ in await self._writable(msg)]
 
     # -- the coordinator's questions ----------------------------------------------------
 

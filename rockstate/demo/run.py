@@ -13,6 +13,7 @@ from the generated events: the exit code is 0 only if they are equal.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -47,12 +48,18 @@ class Demo:
                               heartbeat_timeout=2.0) as cluster:
                 progress.update(phase, completed=1, rate=cluster.address)
                 phase = progress.add_task("starting Spark", total=1, rate="")
-                spark = _spark()
-                progress.update(phase, completed=1, rate=f"Spark {spark.version}")
-                try:
-                    self.stream(spark, cluster, events, progress)
-                finally:
-                    spark.stop()
+                with contextlib.ExitStack() as stack:
+                    master = "local[2,3]"
+                    if getattr(a, "spark_cluster", False):
+                        from ..testing.spark_cluster import StandaloneSpark
+
+                        master = stack.enter_context(StandaloneSpark(os.path.join(self.root, "spark"))).master
+                    spark = _spark(master)
+                    progress.update(phase, completed=1, rate=f"Spark {spark.version} on {master}")
+                    try:
+                        self.stream(spark, cluster, events, progress)
+                    finally:
+                        spark.stop()
                 self.collect(cluster)
             phase = progress.add_task("verifying", total=1, rate="")
             from .pipeline import read_table
@@ -167,15 +174,22 @@ class Demo:
                            f"({f['table_rows']:,} vs {f['truth_rows']:,} rows): {verdict}")
 
 
-def _spark():
+def _spark(master: str = "local[2,3]"):
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    spark = (SparkSession.builder.master("local[2,3]").appName("rockstate-cdc-demo")
-             .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "4").getOrCreate())
+    from ..testing.spark_cluster import executor_env
+
+    builder = (SparkSession.builder.master(master).appName("rockstate-cdc-demo")
+               .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "4"))
+    if master.startswith("spark://"):  # executors in their own JVMs: hand them the Python and import path
+        builder = builder.config("spark.executor.memory", "512m").config("spark.cores.max", "2")
+        for key, value in executor_env().items():
+            builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 

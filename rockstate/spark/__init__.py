@@ -12,11 +12,12 @@ reads a state of a checkpoint back as a DataFrame.
 
 from .batch import BatchWriter
 from .bulk import BulkLoadResult, bulk_load
-from ..errors import StateRewoundError, UnsupportedClientError
+from ..errors import StateAheadError, StateRewoundError, UnsupportedClientError, UnsupportedShapeError
 from .client import StateClientSpec, close_clients
 from .datasource import RockstateDataSource, register_data_source
 from .exactly_once import ExactlyOnce, ParquetSink, exactly_once
-from .operator import transform_with_state
+from .microbatch import WeakerGuaranteeWarning, settle
+from .operator import state_name, transform_with_state
 from .partitioning import PARTITION_COLUMN, with_partition
 from .processor import ListStateHandle, MapStateHandle, StatefulProcessor, StatefulProcessorHandle, ValueStateHandle
 
@@ -28,7 +29,9 @@ __all__ = [
     "register_data_source",
     "ExactlyOnce",
     "ParquetSink",
+    "StateAheadError",
     "StateRewoundError",
+    "UnsupportedShapeError",
     "exactly_once",
     "ListStateHandle",
     "MapStateHandle",
@@ -39,6 +42,9 @@ __all__ = [
     "UnsupportedClientError",
     "ValueStateHandle",
     "close_clients",
+    "settle",
+    "state_name",
     "transform_with_state",
+    "WeakerGuaranteeWarning",
     "with_partition",
 ]

@@ -26,9 +26,9 @@ from ..store.partition import DELETE_MANY, DELETE_PREFIX, PUT_MANY
 class BatchWriter:
     """A batch's state writes, grouped by partition, sent by ``flush`` as one backend write.
 
-    This is the one place state leaves an executor: the exactly-once commit
-    replaces ``flush`` with "stage these ops under (micro-batch id, Spark
-    partition, attempt)" and leaves everything else as it is.
+    This is the one place state leaves an executor: in a streaming query
+    ``StagingWriter`` replaces ``flush`` with "stage these ops as the
+    micro-batch's version" and leaves everything else as it is.
     """
 
     def __init__(self, backend: Backend) -> None:
@@ -136,11 +136,15 @@ class KeyedView:
         else:
             self.columns.append((keys, pids, values))
 
-    def finish(self, writer: BatchWriter) -> None:
+    def finish(self, writer: BatchWriter, keep: bool) -> None:
         for keys, pids, values in self.columns:
             _add_columns(writer, DELETE_MANY if values is None else PUT_MANY, self.state, keys, pids, values)
-        _write_ops(writer, self.state, {k: self.known[k] for k in self.dirty}, self.dirty)
-        self.known, self.dirty, self.columns = {}, {}, []
+        written = {k: self.known[k] for k in self.dirty}
+        _write_ops(writer, self.state, written, self.dirty)
+        if keep:  # what this batch wrote, for the task's later batches (its writes are staged, not in the state)
+            for keys, _, values in self.columns:
+                written.update(zip(keys, values or [None] * len(keys)))
+        self.known, self.dirty, self.columns = written if keep else {}, {}, []
 
 
 class MapView:
@@ -220,20 +224,24 @@ class MapView:
             self.overlay[key] = {}
             self.dirty[key] = pid
 
-    def finish(self, writer: BatchWriter) -> None:
-        for key in self.cleared:  # before the entries' puts: ops of a partition apply in order
+    def finish(self, writer: BatchWriter, keep: bool) -> None:
+        for key in self.cleared & self.dirty.keys():  # before the entries' puts: ops of a partition apply in order
             writer.add(self.dirty[key], (DELETE_PREFIX, self.state, key, None))
         entries = {key + uk: v for key in self.dirty for uk, v in self.overlay[key].items()}
         pids = {key + uk: self.dirty[key] for key in self.dirty for uk in self.overlay[key]}
         _write_ops(writer, self.state, entries, pids)
-        self.loaded, self.overlay, self.cleared, self.dirty = {}, {}, set(), {}
+        if keep:  # the task's later batches see these maps as this one left them (see KeyedView.finish)
+            self.dirty = {}
+        else:
+            self.loaded, self.overlay, self.cleared, self.dirty = {}, {}, set(), {}
 
 
 class Batch:
     """The views of every state for one batch, and the key ``handle_input_rows`` is called for."""
 
-    def __init__(self, backend: Backend, writer: BatchWriter) -> None:
-        self.backend, self.writer = backend, writer
+    def __init__(self, backend: Backend, writer: BatchWriter, keep: bool = False) -> None:
+        """``keep``: the next batch of the task reads this one's writes from memory (they are staged)."""
+        self.backend, self.writer, self.keep = backend, writer, keep
         self.views: dict[str, KeyedView | MapView] = {}
         self.current: tuple[bytes, int] | None = None  # (encoded key, partition) in per-key mode
 
@@ -246,5 +254,5 @@ class Batch:
     def finish(self) -> None:
         """Turn every view's writes into ops and flush them: one backend write for the whole batch."""
         for view in self.views.values():
-            view.finish(self.writer)
+            view.finish(self.writer, self.keep)
         self.writer.flush()

@@ -31,12 +31,14 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from ..api import Rockstate
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, UnsupportedShapeError
+from ..store.catalog import check_name
 from ..serde import encode_keys
 from .batch import Batch, BatchWriter
 from .chunks import chunks
-from .exactly_once import StagingWriter, TaskStage, current_transaction
 from .client import StateClientSpec, as_spec, backend_for
+from .exactly_once import current_transaction
+from .microbatch import BatchTask, MicroBatch, Sealing, warn_if_outside_a_stream
 from .partitioning import PARTITION_COLUMN, key_names, route_by_owner, with_partition
 from .processor import StatefulProcessor, StatefulProcessorHandle
 
@@ -107,25 +109,40 @@ class Output:
 class TaskRunner:
     """The function ``mapInArrow`` runs in every task; pickled to the executors with the processor."""
 
-    def __init__(self, spec: StateClientSpec, processor: StatefulProcessor, keys: Sequence[str],
-                 schema: T.StructType, max_batch_bytes: int, stage: TaskStage | None = None, counters: list | None = None) -> None:
-        """``stage``: inside ``exactly_once``, the micro-batch to stage writes under (None: write directly);
-        ``counters``: Spark accumulators of rows in and out."""
+    def __init__(self, spec: StateClientSpec, processor: StatefulProcessor, keys: Sequence[str], schema: T.StructType,
+                 max_batch_bytes: int, operator: str, namespace: str | None, streaming: bool,
+                 micro: MicroBatch | None, counters: list | None, sealing: Sealing | None) -> None:
+        """``namespace``: the states' scope (None: the query and ``operator``); ``streaming``: the DataFrame is a
+        stream (its tasks must be a micro-batch's); ``micro``: inside exactly_once, its batch (None: the task's
+        own, if any); ``counters``: Spark accumulators of rows in and out; ``sealing``: how the tasks seal a
+        batch (None: exactly_once does it on the driver)."""
         self.spec, self.processor, self.keys = spec, processor, list(keys)
-        self.stage, self.counters = stage, counters
+        self.operator, self.namespace, self.streaming = operator, namespace, streaming
+        self.micro, self.counters, self.sealing = micro, counters, sealing
         self.mode = _mode(processor)
         self.schema = schema
         self.max_batch_bytes = max_batch_bytes
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         backend = backend_for(self.spec)
-        handle = StatefulProcessorHandle(backend)
+        micro = self.micro or MicroBatch.of_task()
+        if micro is None and self.streaming:
+            raise UnsupportedShapeError(
+                "transform_with_state ran in a streaming task without a micro-batch id (a continuous trigger?): "
+                "its state could not be versioned by batch; use a micro-batch trigger (processingTime, availableNow)"
+            )
+        task = None if micro is None else BatchTask(backend, micro, self.operator, self.sealing)
+        namespace = self.namespace
+        if namespace is None:
+            namespace = "" if micro is None else f"{micro.query}.{self.operator}"
+        handle = StatefulProcessorHandle(backend, namespace)
         self.processor.init(handle)
-        staging = StagingWriter(backend, self.stage) if self.stage else None
+        # in a micro-batch the task's writes are staged, so its later chunks read them from memory (keep)
+        batch = None if task is None else Batch(backend, task.writer, keep=True)
         rows_in = rows_out = 0
         try:
             for table, starts in chunks(batches, PARTITION_COLUMN, self.keys, self.max_batch_bytes):
-                batch, output = Batch(backend, staging or BatchWriter(backend)), Output(self.schema)
+                batch, output = batch if task else Batch(backend, BatchWriter(backend)), Output(self.schema)
                 rows_in += table.num_rows
                 handle.begin(batch)
                 if self.mode == "handle_batch":
@@ -136,8 +153,8 @@ class TaskRunner:
                 for out in output.batches():
                     rows_out += out.num_rows
                     yield out
-            if staging is not None:
-                staging.done()
+            if task is not None:
+                task.finish()
             if self.counters:
                 self.counters[0].add(rows_in)
                 self.counters[1].add(rows_out)
@@ -170,6 +187,8 @@ def transform_with_state(
     output_schema: T.StructType | str,
     client: str | StateClientSpec | Rockstate,
     *,
+    name: str | None = None,
+    namespace: str | None = None,
     tasks: int | None = None,
     max_batch_bytes: int = MAX_BATCH_BYTES,
 ) -> DataFrame:
@@ -181,26 +200,41 @@ def transform_with_state(
     coordinator address "host:port", a ``StateClientSpec`` or a
     ``rockstate.connect()`` handle (each Python worker keeps one connection
     per address; an embedded ``rockstate.open`` store is refused with
-    ``UnsupportedClientError``). ``tasks``: Spark tasks that run the
-    processor (default ``spark.sql.shuffle.partitions``, at most the
-    cluster's partition count). ``max_batch_bytes``: how much of a task's
-    input is gathered into one processor batch.
+    ``UnsupportedClientError``). ``name``: the operator's name in its query
+    (default: the processor's class name; give one when a query runs a
+    processor class twice). ``namespace``: where its states live — by
+    default, in a streaming query, ``<query id>.<name>`` (``state_name``
+    spells a state's full name), so two queries can use the same state
+    names; outside one, the names as given. Give the same ``namespace`` to
+    share states on purpose ("" for the names as given). ``tasks``: Spark
+    tasks that run the processor (default ``spark.sql.shuffle.partitions``,
+    at most the cluster's partition count). ``max_batch_bytes``: how much of
+    a task's input is gathered into one processor batch.
 
-    Works on batch and streaming DataFrames (in a streaming query, e.g. with
-    a memory sink or inside ``foreachBatch``); the result is a DataFrame.
+    Exactly once in a streaming query, wherever the operator is built and
+    whatever the sink (see ``microbatch``): on the streaming DataFrame, then
+    any sink or ``foreachBatch``; or inside ``foreachBatch``. A batch
+    DataFrame outside a streaming query writes directly: a task Spark retries
+    writes again (at least once), and a ``WeakerGuaranteeWarning`` says so.
     """
     names = key_names(keys)
+    operator = check_name(name or type(processor).__name__, "operator")
+    if namespace:
+        check_name(namespace, "namespace")
     spec = as_spec(client)
     txn = current_transaction()  # set by exactly_once around its sink
-    stage = counters = None
-    if txn is not None:
-        stage = TaskStage(txn.query, txn.batch, txn.next_operator())
-        if not txn.counters:
-            txn.counters = [df.sparkSession.sparkContext.accumulator(0) for _ in range(2)]
-        counters = txn.counters
-    runner = TaskRunner(spec, processor, names, _struct(output_schema), max_batch_bytes, stage, counters)
     backend = client.backend if isinstance(client, Rockstate) else backend_for(spec)
-    tasks = tasks or int(df.sparkSession.conf.get("spark.sql.shuffle.partitions"))
+    tasks = max(1, min(tasks or int(df.sparkSession.conf.get("spark.sql.shuffle.partitions")), backend.partitions))
+    if txn is None:
+        warn_if_outside_a_stream(df)
+        micro = counters = None
+        sealing = Sealing(tasks, _record_partitions(backend.table.owners))
+    else:
+        txn.operators.append(operator)
+        txn.counters = txn.counters or _counters(df)
+        micro, counters, sealing = MicroBatch(txn.query, txn.batch, ""), txn.counters, None
+    runner = TaskRunner(spec, processor, names, _struct(output_schema), max_batch_bytes, operator, namespace,
+                        df.isStreaming, micro, counters, sealing)
     shuffled = route_by_owner(with_partition(df, names, backend.partitions), PARTITION_COLUMN, backend.table.owners, tasks)
     if not df.isStreaming:  # Spark may not sort a stream; chunks() groups keys within a task's batch instead
         shuffled = shuffled.sortWithinPartitions(PARTITION_COLUMN, *names)
@@ -209,3 +243,23 @@ def transform_with_state(
         return runner(batches)
 
     return shuffled.mapInArrow(run, runner.schema)
+
+
+def state_name(query: object, operator: str, state: str) -> str:
+    """The full name of a state of operator ``operator`` in a streaming query (a ``StreamingQuery`` or its id)."""
+    return f"{getattr(query, 'id', query)}.{operator}.{state}"
+
+
+def _record_partitions(owners: Sequence[str | None]) -> tuple[int, ...]:
+    """Partition 0 and the first partition of another node: where the tasks of a batch count themselves."""
+    other = next((pid for pid, owner in enumerate(owners) if owner != owners[0]), None)
+    return (0,) if other is None else (0, other)
+
+
+def _counters(df: DataFrame) -> list | None:
+    """Accumulators of rows in and out for exactly_once's bookkeeping; None under Spark Connect (no SparkContext)."""
+    try:
+        context = df.sparkSession.sparkContext
+    except Exception:  # Spark Connect
+        return None
+    return [context.accumulator(0) for _ in range(2)]

@@ -242,8 +242,9 @@ class MapStateHandle(_StateHandle):
 class StatefulProcessorHandle:
     """What ``init`` gets: defines the processor's states and gives their handles."""
 
-    def __init__(self, backend: Backend) -> None:
-        self.backend = backend
+    def __init__(self, backend: Backend, namespace: str = "") -> None:
+        """``namespace``: prefixed to every state name ("<namespace>.<name>"; "" for the names as given)."""
+        self.backend, self.namespace = backend, namespace
         self._handles: dict[str, _StateHandle] = {}
         self._batch: Batch | None = None
         self._last_index: tuple[pd.Index, list[bytes], np.ndarray] | None = None
@@ -263,6 +264,8 @@ class StatefulProcessorHandle:
 
     def _state(self, cls: type, name: str, ttl: float | None) -> Any:
         check_name(name)
+        if self.namespace:
+            name = check_name(f"{self.namespace}.{name}")
         wanted = StateSpec(name, cls.kind, ttl)
         handle = self._handles.get(name)
         if handle is not None:

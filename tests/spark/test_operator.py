@@ -15,6 +15,8 @@ import rockstate
 from rockstate.errors import InvalidInputError
 from rockstate.spark import StateClientSpec, StatefulProcessor, UnsupportedClientError, transform_with_state
 
+pytestmark = pytest.mark.filterwarnings("ignore::rockstate.spark.WeakerGuaranteeWarning")  # batch DataFrames: at least once, as test_shapes asserts
+
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import the tests
 
 rng = np.random.default_rng(11)

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 from pyspark import cloudpickle
 
-from rockstate.spark import StatefulProcessor, transform_with_state
+from rockstate.spark import StatefulProcessor, settle, state_name, transform_with_state
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import the tests
 
@@ -58,18 +58,19 @@ def run_query(spark, tmp_path, name, counted):
              .option("checkpointLocation", str(tmp_path / f"chk-{name}")).trigger(availableNow=True).start())
     query.awaitTermination(120)
     assert query.exception() is None
-    return spark.table(name).toPandas(), len(query.recentProgress)
+    return spark.table(name).toPandas(), query
 
 
 def test_streaming_running_count_over_files(spark, cluster, rs, tmp_path):
     clicks = write_files(tmp_path / "in")
     expected = clicks.groupby("user").size()
     for name, processor in (("stream_rows", Count("stream-rows")), ("stream_vec", VectorCount("stream-vec"))):
-        out, batches = run_query(spark, tmp_path, name, lambda df: transform_with_state(df, "user", processor, "user string, count long", cluster.address))
-        assert batches == FILES
+        out, query = run_query(spark, tmp_path, name, lambda df: transform_with_state(df, "user", processor, "user string, count long", cluster.address))
+        assert settle(query, cluster.address) == FILES - 1  # the last batch's state, applied now rather than at the next run
         # the last count output for each user is the user's total: counts only grow
         assert out.groupby("user")["count"].max().sort_index().to_dict() == expected.sort_index().to_dict()
-        assert rs.value_state(processor.state).get_many(expected.index) == expected.tolist()
+        state = rs.value_state(state_name(query, type(processor).__name__, processor.state))
+        assert state.get_many(expected.index) == expected.tolist()
 
 
 def test_foreach_batch_running_count(spark, cluster, rs, tmp_path):
@@ -88,4 +89,5 @@ def test_foreach_batch_running_count(spark, cluster, rs, tmp_path):
     expected = clicks.groupby("user").size()
     assert all(not frame["user"].duplicated().any() for frame in seen)  # one row per key per micro-batch
     assert out.groupby("user")["count"].max().sort_index().to_dict() == expected.sort_index().to_dict()
-    assert rs.value_state("foreach-count").get_many(expected.index) == expected.tolist()
+    settle(query, cluster.address)
+    assert rs.value_state(state_name(query, "Count", "foreach-count")).get_many(expected.index) == expected.tolist()

@@ -54,36 +54,36 @@ class Scan(Ranged, Message):
 
 
 class Stage(Ranged, Message):
-    """Stage a task attempt's writes: ``groups`` is [[pid, ops], ...]; safe to retry."""
+    """Stage a task attempt's writes of a micro-batch: ``groups`` is [[pid, ops], ...]; safe to retry."""
 
     op = "stage"
-    ranges = {"batch": (0, U64), "task": (0, U32), "attempt": (0, U32), "seq": (0, U32)}
+    ranges = {"batch": (0, U64), "attempt": (0, U64), "seq": (0, U32)}
     epoch: int
     query: str
     batch: int
-    task: int
+    operator: str
     attempt: int
     seq: int
     groups: list
 
 
 class StageDone(Ranged, Message):
-    """Every flush of the attempt was acknowledged on these partitions (``groups``: [[pid, None], ...])."""
+    """Every piece of the attempt is staged: ``groups`` is [[pid, pieces sent to it], ...]."""
 
     op = "stage_done"
-    ranges = {"batch": (0, U64), "task": (0, U32), "attempt": (0, U32)}
+    ranges = {"batch": (0, U64), "attempt": (0, U64)}
     epoch: int
     query: str
     batch: int
-    task: int
+    operator: str
     attempt: int
     groups: list
 
 
-class CommitBatch(Ranged, Message):
-    """Apply the stage of (query, batch) on these partitions; idempotent. Answers [applied?, ...]."""
+class AdvanceBatches(Ranged, Message):
+    """Apply the query's staged batches below ``batch`` on these partitions. Answers [applied through, ...]."""
 
-    op = "commit_batch"
+    op = "advance_batches"
     ranges = {"batch": (0, U64)}
     epoch: int
     query: str
@@ -91,21 +91,30 @@ class CommitBatch(Ranged, Message):
     groups: list
 
 
-class RollbackBatches(Ranged, Message):
-    """Undo the query's batches after ``to_batch`` (None: every kept one). Answers [undone count, ...]."""
+class FinishTask(Ranged, Message):
+    """A task of a batch's operator ran whole (see store/staging.finish_task). Answers one record per group."""
 
-    op = "rollback_batches"
-    ranges = {"to_batch": (0, U64 - 1)}
+    op = "finish_task"
+    ranges = {"batch": (0, U64), "task": (0, U32), "tasks": (1, U32)}
     epoch: int
     query: str
-    to_batch: int | None
+    batch: int
+    operator: str
+    run: str
+    task: int
+    tasks: int
+    pids: list
     groups: list
+    failed: str | None = None
 
 
-class CommittedBatch(Message):
-    """The query's last committed batch on each partition (None: never). Answers [batch, ...]."""
+class Seal(Ranged, Message):
+    """The batch's stages are complete on these partitions. Answers [has the operator a done attempt, ...]."""
 
-    op = "committed_batch"
+    op = "seal"
+    ranges = {"batch": (0, U64)}
     epoch: int
     query: str
+    batch: int
+    operator: str
     groups: list

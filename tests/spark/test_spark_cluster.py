@@ -1,0 +1,88 @@
+"""The demo's pipeline on a real Spark cluster (standalone master and two workers, executors in their own JVMs)
+and through Spark Connect (no SparkContext on the client), each with a state node killed midway.
+
+Slow (minutes): run with ``make spark-cluster``; ``make test`` leaves them out (marker ``spark_cluster``).
+"""
+
+import argparse
+import io
+import os
+import threading
+
+import pandas as pd
+import pytest
+from rich.console import Console
+
+from rockstate import LocalCluster
+from rockstate.demo.events import chunk, generate, ground_truth, write_file
+from rockstate.demo.pipeline import INPUT_SCHEMA, OUTPUT_SCHEMA, LatestBySeq
+from rockstate.demo.run import Demo
+from rockstate.spark import StateClientSpec, close_clients, transform_with_state
+from rockstate.testing.chaos import reference_changes
+from rockstate.testing.spark_cluster import ConnectServer
+
+pytestmark = pytest.mark.spark_cluster
+
+
+def test_the_demo_on_a_standalone_cluster_with_a_node_killed(tmp_path):
+    args = argparse.Namespace(events=6000, nodes=3, storage=None, no_failure=False, files=6, spark_cluster=True)
+    out = io.StringIO()
+    demo = Demo(args, str(tmp_path), Console(file=out, width=200))
+    assert demo.run() == 0, out.getvalue()
+    assert "killed" in demo.facts and demo.facts.get("restored_partitions"), out.getvalue()
+    assert "on spark://127.0.0.1:" in out.getvalue()
+    # each worker ran an executor (its own JVM, with its own Python workers) for the application
+    for worker in ("worker-0", "worker-1"):
+        apps = os.listdir(tmp_path / "spark" / worker)
+        assert apps and all(app.startswith("app-") for app in apps), apps
+
+
+def test_the_pipeline_through_spark_connect_with_a_node_killed(tmp_path):
+    pyspark_connect = pytest.importorskip("pyspark.sql.connect.session")
+    events = generate(6000)
+    truth = ground_truth(events)
+    files = 6
+    (tmp_path / "in").mkdir()
+    for i in range(files):
+        write_file(chunk(events, files, i), str(tmp_path / "in"), i)
+        os.utime(tmp_path / "in" / f"cdc-{i:04d}.json", (1_700_000_000 + i, 1_700_000_000 + i))
+    with LocalCluster(nodes=3, partitions=12, root=str(tmp_path / "cluster"), checkpoints=f"file://{tmp_path}/chk-store",
+                      heartbeat_timeout=1.0) as cluster, ConnectServer(str(tmp_path / "connect"), conf={"spark.sql.shuffle.partitions": "4"}) as server:
+        spark = pyspark_connect.SparkSession.builder.remote(server.remote).getOrCreate()
+        try:
+            client = StateClientSpec(cluster.address, retry_timeout=60.0)
+            victim = cluster.nodes()[0]
+            killed = threading.Event()
+            failures = []
+            for run in range(4):  # a state node's death stops the query; it is started again, as a supervisor would
+                source = spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1).json(str(tmp_path / "in"))
+                changes = transform_with_state(source, "id", LatestBySeq(), OUTPUT_SCHEMA, client)
+                query = (changes.writeStream.format("parquet").option("path", str(tmp_path / "out"))
+                         .option("checkpointLocation", str(tmp_path / "spark-chk")).trigger(processingTime="100 milliseconds").start())
+                while query.isActive:
+                    progress = query.lastProgress
+                    batch = progress["batchId"] if progress else -1
+                    if batch >= 2 and not killed.is_set():
+                        cluster.kill_node(victim.node_id)  # SIGKILL, while the next batch runs
+                        killed.set()
+                    if batch >= files - 1 and progress["numInputRows"] == 0:
+                        query.stop()
+                    query.awaitTermination(0.2)
+                if query.exception() is None:
+                    break
+                failures.append(str(query.exception())[:500])
+            else:
+                pytest.fail(f"the query did not finish: {failures}")
+            assert killed.is_set()
+            restored = [e for e in cluster.status()["events"] if e["event"] == "partition_restored"]
+            assert restored and all(e["previous"] == victim.node_id for e in restored)
+            rows = spark.read.parquet(str(tmp_path / "out")).toPandas()  # the file sink's log: committed batches only
+        finally:
+            spark.stop()
+            close_clients()
+    latest = rows.sort_values(["id", "seq"]).drop_duplicates("id", keep="last")
+    table = latest[latest.op != "delete"][["id", "seq", "name", "amount"]].sort_values("id").reset_index(drop=True)
+    pd.testing.assert_frame_equal(table, truth, check_dtype=False)
+    # the same change rows as a fault-free run of the processor, none lost, none repeated
+    expected = pd.concat(reference_changes(events, files))
+    assert sorted(zip(rows["id"], rows["seq"])) == sorted(zip(expected["id"], expected["seq"]))
