@@ -195,12 +195,6 @@ def test_every_shape_is_exact_through_faults(spark, durable_cluster, tmp_path, s
     expected, count, files, kinds = reference(frames)
     got = spark.read.parquet(str(tmp_path / "out")).toPandas()[expected.columns.tolist()]
     got = got.sort_values(["file", "user"]).reset_index(drop=True)
-    if os.environ.get("SHAPES_DEBUG"):
-        merged = got.merge(expected, on=["user", "file"], suffixes=("", "_want"))
-        bad = merged[merged.kinds != merged.kinds_want]
-        print("FAILURES", [f[:300] for f in failures])
-        print(bad.head(20).to_string())
-        print(merged[merged.user == bad.user.iloc[0]].to_string() if len(bad) else "")
     pd.testing.assert_frame_equal(got, expected.sort_values(["file", "user"]).reset_index(drop=True), check_dtype=False)
     scope = ("shapes-eo" if wrapper else query.id, "Profile")
     users = sorted(count)
