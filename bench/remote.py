@@ -2,7 +2,8 @@
 
 Both servers run as separate OS processes on 127.0.0.1: Debian's
 ``redis-server`` (no persistence: ``--save "" --appendonly no``) and a
-coordinator plus one node of rockstate (16 partitions), each reached through
+coordinator plus one node of rockstate (16 partitions, a 512 MiB block cache
+so that, as in Redis, the data set is in memory), each reached through
 its usual Python client (redis-py with hiredis; rockstate's routing client).
 Every workload runs three times, once per key kind: the ints 0..N-1, random
 UUIDs as 36-character strings, and (tenant id, int) tuples; Redis gets the
@@ -54,6 +55,7 @@ WARMUP = max(CALLS // 10, 100)
 REPEAT = 3
 PARTITIONS = 16
 VALUE_BYTES = 100
+NODE_MEMORY = 512 << 20  # block cache incl. memtables, index and filter blocks: the whole data set fits
 REDIS_START_TIMEOUT = 15.0
 
 # Goals from the issue.
@@ -230,7 +232,8 @@ def main() -> None:
     results = {}
     try:
         server.start()
-        with LocalCluster(nodes=1, partitions=PARTITIONS) as cluster:
+        # the node's memory holds every key kind's data, as Redis holds it all in memory
+        with LocalCluster(nodes=1, partitions=PARTITIONS, node_memory_bytes=NODE_MEMORY) as cluster:
             rs = cluster.connect()
             r = redis.Redis(host="127.0.0.1", port=server.port)
             try:
