@@ -56,8 +56,12 @@ def _mode(processor: object) -> str:
     return modes[0]
 
 
-def _struct(schema: T.StructType | str) -> T.StructType:
-    parsed = T.StructType.fromDDL(schema) if isinstance(schema, str) else schema
+def _struct(session, schema: T.StructType | str) -> T.StructType:
+    """``schema`` as a StructType; a DDL string is parsed by the session (Spark Connect has no local parser)."""
+    try:
+        parsed = session.createDataFrame([], schema).schema if isinstance(schema, str) else schema
+    except Exception as exc:  # Spark's parse error, as ours
+        raise InvalidInputError(f"output_schema {schema!r} is not a DDL string of columns: {exc}") from None
     if not isinstance(parsed, T.StructType):
         raise InvalidInputError(f"output_schema must be a StructType or a DDL string of columns, got {schema!r}")
     return parsed
@@ -233,7 +237,7 @@ def transform_with_state(
         txn.operators.append(operator)
         txn.counters = txn.counters or _counters(df)
         micro, counters, sealing = MicroBatch(txn.query, txn.batch, ""), txn.counters, None
-    runner = TaskRunner(spec, processor, names, _struct(output_schema), max_batch_bytes, operator, namespace,
+    runner = TaskRunner(spec, processor, names, _struct(df.sparkSession, output_schema), max_batch_bytes, operator, namespace,
                         df.isStreaming, micro, counters, sealing)
     shuffled = route_by_owner(with_partition(df, names, backend.partitions), PARTITION_COLUMN, backend.table.owners, tasks)
     if not df.isStreaming:  # Spark may not sort a stream; chunks() groups keys within a task's batch instead
