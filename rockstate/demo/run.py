@@ -146,7 +146,8 @@ class Demo:
         restored = [e for e in status["events"] if e["event"] == "partition_restored"]
         if restored:
             self.facts["restore_seconds"] = max(e["time"] for e in restored) - self.facts["killed_at"]
-            self.facts["restored_to"] = sorted({e["checkpoint"] for e in restored})
+            # None: restored before any checkpoint completed (empty); a node declared dead later restores to one
+            self.facts["restored_to"] = sorted({e["checkpoint"] for e in restored}, key=lambda c: -1 if c is None else c)
             self.facts["restored_partitions"] = len(restored)
         moves = [e for e in status["events"] if e["event"] == "migration_finished" and e.get("target") == self.facts.get("joined")]
         self.facts["moved"] = len(moves)
