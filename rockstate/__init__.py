@@ -1,5 +1,7 @@
 """rockstate: distributed RocksDB-backed keyed state for PySpark pipelines."""
 
+__version__ = "0.1.0"  # the package's version (pyproject.toml reads it from here)
+
 from . import errors
 from .api import Rockstate
 from .cluster.client import connect
@@ -11,6 +13,7 @@ from .keys import partition_of, partitions_of
 from .states import ListState, MapState, ValueState
 
 __all__ = [
+    "__version__",
     "connect",
     "LocalCluster",
     "errors",

@@ -180,6 +180,7 @@ class CoordinatorConfig(Settings):
 
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(7700, ge=0, le=65535, description="port to listen on (0: any free port)")
+    http_port: int | None = Field(None, ge=0, le=65535, description="port of the status page, its JSON API (/api/status) and Prometheus /metrics (None: off; 0: any free port)")
     data_dir: str = Field("./rockstate-coordinator", description="where the table, membership and catalog are kept")
     partitions: int = Field(128, ge=1, le=65536, description="P, for a new cluster; an existing one keeps its own")
     heartbeat_timeout: float = Field(5.0, gt=0, description="seconds of silence after which a node is dead; a node cut off from the coordinator stops serving after half of it")
@@ -198,7 +199,8 @@ class NodeConfig(Settings):
                       "request_window": ("store", "request_window"), **_SECURITY}
 
     coordinator: str = Field("127.0.0.1:7700", description="the coordinator's host:port")
-    host: str = Field("127.0.0.1", description="address to listen on, and to advertise")
+    host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0: every interface)")
+    advertise_host: str | None = Field(None, description="address clients and other nodes reach this node at (None: host; with a wildcard host, this machine's name)")
     port: int = Field(0, ge=0, le=65535, description="port to listen on (0: any free port)")
     data_dir: str = Field("./rockstate-node", description="the node's partitions and identity")
     heartbeat_interval: float = Field(0.5, gt=0, description="seconds between heartbeats (at most a third of the node's lease, which is half the coordinator's heartbeat_timeout)")

@@ -194,6 +194,24 @@ class FrameTruncatedError(ProtocolError, ConnectionLostError):
     retryable = True
 
 
+class NotRockstateError(ProtocolError):
+    """The address answered, but not as a rockstate server (an HTTP or metrics port, another service)."""
+
+    code = "NOT_ROCKSTATE"
+
+
+class DataDirInUseError(StoreLockedError):
+    """A coordinator or node was started on a data directory another live process is using."""
+
+    code = "DATA_DIR_IN_USE"
+
+
+class NodeIdInUseError(ClusterError):
+    """A node registered with the id of another node that is alive at another address."""
+
+    code = "NODE_ID_IN_USE"
+
+
 class IngestUploadError(ClusterError):
     """An uploaded SST file is missing or does not match its size and checksum; upload it again."""
 

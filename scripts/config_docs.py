@@ -1,7 +1,9 @@
 """Regenerate docs/configuration.md from the settings models (tests check it is complete)."""
 
+import inspect
 import pathlib
 
+from rockstate.cluster.client import CLIENT_SETTINGS, connect
 from rockstate.config import CheckpointConfig, CoordinatorConfig, NodeConfig, StoreConfig, settings
 
 SECTIONS = [
@@ -14,7 +16,8 @@ SECTIONS = [
 lines = [
     "# Configuration", "",
     "Every setting has a default. Settings come from, in order of precedence: command-line flags",
-    "(`--memory-bytes 1073741824`), `ROCKSTATE_<NAME>` environment variables, and a YAML file given with `--config`.",
+    "(`--memory-bytes 4GiB`: flags of sizes take units), `ROCKSTATE_<NAME>` environment variables, and a YAML file",
+    "given with `--config`.",
     "Invalid values are refused with one plain `ConfigError` that names each bad field and what it got.",
     "The cluster secret is read from `secret_file` or `$ROCKSTATE_SECRET` and is never logged.",
     "S3 credentials and endpoint come from the standard AWS environment variables (`AWS_ENDPOINT_URL`, keys, region).", "",
@@ -31,4 +34,12 @@ for title, model, where in SECTIONS:
         default = f.default if f.default_factory is None else f.default_factory()
         lines.append(f"| `{name}` | `{default}` | {f.description} |")
     lines.append("")
+lines += ["## Client (`rockstate.connect(address, **settings)`)", "",
+          "A wrong address (no port), an address that is not a rockstate port (an HTTP or metrics port) and a TLS",
+          "mismatch are reported at once as a `RockstateError` that says so; `help(rockstate.connect)` shows these too.", "",
+          "| setting | default | meaning |", "|---|---|---|"]
+defaults = inspect.signature(connect).parameters
+for name, meaning in CLIENT_SETTINGS.items():
+    lines.append(f"| `{name}` | `{defaults[name].default}` | {meaning} |")
+lines.append("")
 pathlib.Path(__file__).parent.parent.joinpath("docs", "configuration.md").write_text("\n".join(lines))

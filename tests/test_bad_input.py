@@ -46,7 +46,7 @@ from rockstate.errors import (
     UnknownStateError,
 )
 from rockstate.rpc.client import Channel, split_address
-from rockstate.rpc.frames import MAX_FRAME, encode, read_frame_sync
+from rockstate.rpc.frames import MAGIC, MAX_FRAME, encode, read_frame_sync
 from rockstate.rpc.messages import PROTOCOL_VERSION, Message, Welcome, parse_reply
 from rockstate.serde import KEY_TYPES, VALUE_TYPES, encode_key, encode_value, encode_values
 from rockstate.store.partition import APPEND, DELETE, DELETE_MANY, PUT, PUT_MANY, RAW_PUT
@@ -643,6 +643,8 @@ class RawPeer:
     def __init__(self, address: str) -> None:
         self.sock = socket.create_connection(split_address(address), timeout=10)
         self.stream = self.sock.makefile("rb")
+        self.sock.sendall(MAGIC)
+        assert self.stream.read(len(MAGIC)) == MAGIC
 
     def hello(self, version: object = PROTOCOL_VERSION) -> tuple:
         self.send({"id": 0, "msg": {"op": "hello", "version": version, "name": "bad-input-test"}, "deadline": None})

@@ -107,8 +107,9 @@ class CheckpointStorage:
         try:
             # a chained URL's options are for the filesystem that stores, keyed by its protocol
             self.fs, root = fsspec.core.url_to_fs(url, **({protocol: options} if "::" in url else options))
-        except (ImportError, ValueError) as exc:
-            raise CheckpointStorageError(f"cannot use checkpoint storage {url!r}: {exc}", url=url) from None
+        except Exception as exc:  # noqa: BLE001 -- any filesystem's failure to start (a bad host, scheme or option)
+            raise CheckpointStorageError(f"cannot use checkpoint storage {url!r}: {type(exc).__name__}: {exc}; "
+                                         "check its scheme, host and credentials", url=url) from None
         self.url = url
         self.cluster = cluster
         self.protocol = protocol
@@ -211,8 +212,9 @@ class CheckpointStorage:
         """Every file under ``prefix``, as paths relative to the cluster's folder."""
         self._fresh()
         try:
-            found = self.fs.find(self.full(prefix))
-        except FileNotFoundError:
+            with self._errors(prefix):
+                found = self.fs.find(self.full(prefix))
+        except CorruptCheckpointError:  # the folder is not there yet
             return []
         return sorted(self.rel(p) for p in found)
 
@@ -220,8 +222,9 @@ class CheckpointStorage:
         """Ids of every ``chk-N`` folder, complete or not."""
         self._fresh()
         try:
-            names = self.fs.ls(self.full(prefix), detail=False)
-        except FileNotFoundError:
+            with self._errors(prefix):
+                names = self.fs.ls(self.full(prefix), detail=False)
+        except CorruptCheckpointError:  # the folder is not there yet
             return []
         ids = (checkpoint_id_of(n.rstrip("/").rsplit("/", 1)[-1]) for n in names)
         return sorted(i for i in ids if i is not None)
@@ -230,8 +233,9 @@ class CheckpointStorage:
         """Ids of the checkpoints whose ``_metadata`` is written."""
         self._fresh()
         try:
-            found = self.fs.glob(self.full(join(prefix, "chk-*/_metadata")))
-        except FileNotFoundError:
+            with self._errors(prefix):
+                found = self.fs.glob(self.full(join(prefix, "chk-*/_metadata")))
+        except CorruptCheckpointError:  # the folder is not there yet
             return []
         ids = (checkpoint_id_of(self.rel(p)[len(prefix) :].strip("/")) for p in found)
         return sorted(i for i in ids if i is not None)
@@ -239,8 +243,9 @@ class CheckpointStorage:
     def savepoint_names(self) -> list[str]:
         self._fresh()
         try:
-            found = self.fs.glob(self.full("savepoints/*/_savepoint"))
-        except FileNotFoundError:
+            with self._errors("savepoints"):
+                found = self.fs.glob(self.full("savepoints/*/_savepoint"))
+        except CorruptCheckpointError:  # the folder is not there yet
             return []
         return sorted(self.rel(p).split("/")[1] for p in found)
 

@@ -1,20 +1,18 @@
 """The coordinator's catalog of states and its cluster-wide answers, put together from the nodes' and its own.
 
 ``ClusterAnswers`` is the part of ``Coordinator`` that serves them (its
-handlers ``define_state``, ``count``, ``cluster_stats``, ``status``,
+handlers ``define_state``, ``count``, ``cluster_stats``, ``status`` (the document of web/status.py),
 ``events_after``, ``pipeline_progress``); the functions below it only compute.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Iterable
 
-from ..control.membership import Member
 from ..store import StateSpec
 from ..store.catalog import unknown_state
+from ..web.status import cluster_status
 from . import protocol as p
-from .table import Table
 
 
 class ClusterAnswers:
@@ -37,24 +35,20 @@ class ClusterAnswers:
     async def count(self, msg: p.Count, conn) -> int:
         if msg.state not in self.specs:
             raise unknown_state(msg.state)
+        self.partitions_by_node()  # refuses (retryable) while a partition has no live owner: a partial count would look whole
         return sum(n for _, n in await self.peers.ask_all(self.membership.alive(), p.NodeCount(state=msg.state)))
 
     async def cluster_stats(self, msg: p.ClusterStats, conn) -> dict:
+        self.partitions_by_node()  # as count()
         return merge_stats(self.specs, [(peer.node_id, answer) for peer, answer in await self.peers.ask_all(self.membership.alive(), p.NodeStats())])
 
     async def pipeline_progress(self, msg: p.PipelineProgress, conn) -> None:
         self.pipelines[msg.record["query"]] = {**msg.record, "batches": msg.record.get("batches", [])[-5:]}
+        self.metrics.pipeline(msg.record)
         self._save()
 
     async def status(self, msg: p.Status, conn) -> dict:
-        return {
-            **table_status(self.table, self.members.values(), time.monotonic()),
-            "states": len(self.specs),
-            "events": self.events.latest(100),
-            "pipelines": sorted(self.pipelines.values(), key=lambda r: -r.get("updated", 0)),
-            "checkpoints": None if self.checkpoints is None else {
-                "url": self.checkpoint_config.url, "latest": self.checkpoints.latest(), "recent": self.checkpoints.history()[-5:]},
-        }
+        return await cluster_status(self)
 
     async def events_after(self, msg: p.Events, conn) -> list:
         return await self.events.wait_after(msg.after, msg.wait)
@@ -77,20 +71,3 @@ def merge_stats(specs: dict[str, StateSpec], answers: Iterable[tuple[str, dict]]
             node_row["bytes"] += row["bytes"]
         nodes[node_id] = node_row
     return {"states": states, "nodes": nodes, "partitions": partitions}
-
-
-def table_status(table: Table, members: Iterable[Member], now: float) -> dict:
-    """The table's epoch, and each member with its status, partitions and last heartbeat."""
-    counts: dict[str | None, int] = {}
-    for owner in table.owners:
-        counts[owner] = counts.get(owner, 0) + 1
-    return {
-        "epoch": table.epoch,
-        "partitions": table.partitions,
-        "unassigned": counts.get(None, 0),
-        "nodes": [
-            {"node_id": m.node_id, "address": m.address, "status": m.status,
-             "partitions": counts.get(m.node_id, 0), "last_seen": round(now - m.last_seen, 2)}
-            for m in sorted(members, key=lambda m: m.node_id)
-        ],
-    }

@@ -341,6 +341,24 @@ class ClusterCheckpointClient:
         return [SavepointInfo(**s) for s in self._ask(p.ListSavepoints())]
 
 
-def connect(address: str, **options: Any) -> Rockstate:
-    """A client of the cluster whose coordinator is at ``address`` ("host:port")."""
-    return Rockstate(ClusterBackend(address, **options))
+CLIENT_SETTINGS = {
+    "timeout": "seconds one request to a node or the coordinator may take before it is retried",
+    "retry_timeout": "seconds a call keeps retrying (partitions moving or being restored, a node or the coordinator restarting) "
+                     "before it raises ClusterTimeoutError naming the last error; retries never apply a write twice",
+    "wait": "also retry the first contact with the coordinator (a Spark task starting while it restarts); False: a coordinator "
+            "that cannot be reached, a wrong address or a TLS mismatch is reported at once",
+    "secret": "the cluster's shared secret, str or bytes (None: $ROCKSTATE_SECRET, if set)",
+    "ssl": "an ssl.SSLContext for a cluster with TLS, e.g. rockstate.cluster.security.client_context(ca_file)",
+}
+
+
+def connect(address: str, *, timeout: float = 30.0, retry_timeout: float = 30.0, wait: bool = False,
+            secret: bytes | str | None = None, ssl: SSLContext | None = None) -> Rockstate:
+    return Rockstate(ClusterBackend(address, timeout=timeout, retry_timeout=retry_timeout, wait=wait, secret=secret, ssl=ssl))
+
+
+connect.__doc__ = """A client of the cluster whose coordinator is at ``address`` ("host:port").
+
+Settings (docs/configuration.md lists them too):
+
+""" + "\n".join(f"    {name}: {meaning}." for name, meaning in CLIENT_SETTINGS.items())

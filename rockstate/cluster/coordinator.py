@@ -31,10 +31,13 @@ from ..files import read_json, write_json
 from ..retry import Retry
 from ..rpc.server import Server
 from ..store import StateSpec
-from . import protocol as p
+from ..web import StatusServer
+from . import datadir, protocol as p
 from .answers import ClusterAnswers
 from .checkpointing import ClusterCheckpoints
 from .events import EventLog
+from .identity import refuse_takeover
+from .metrics import CoordinatorMetrics
 from .moves import run_move
 from .peers import Peer, Peers
 from .security import Security
@@ -72,6 +75,7 @@ class Coordinator(ClusterAnswers):
         self.pipelines: dict[str, dict] = saved.get("pipelines", {})
         self.failovers: set[str] = set(saved.get("failovers", []))  # dead nodes whose partitions are not restored yet
         self.events = EventLog(os.path.join(self.data_dir, "events.jsonl"))
+        self.metrics, self.web = CoordinatorMetrics(self), StatusServer(self)  # metrics count events from here on
         self.handlers = {
             p.Register: self.register,
             p.Heartbeat: self.heartbeat,
@@ -130,6 +134,7 @@ class Coordinator(ClusterAnswers):
     def event(self, event: str, **data) -> None:
         """Record a cluster event (member joined/left/dead, migration, partition restored, checkpoint...)."""
         self.events.append(event, **data)
+        self.metrics.observe(event, data)
         log.info("event %s %s", event, data)
 
     def _spawn(self, coro) -> None:
@@ -140,6 +145,7 @@ class Coordinator(ClusterAnswers):
     # -- life cycle --------------------------------------------------------
 
     async def start(self) -> None:
+        self._dir_lock = datadir.lock(self.data_dir, "coordinator")  # before it serves: a second one must not
         if self.checkpoints is not None:
             await self.checkpoints.open()
             self._restore_on_start = self._restore_on_start and self.checkpoints.latest() is not None
@@ -149,7 +155,8 @@ class Coordinator(ClusterAnswers):
             self._spawn(self._resume())
         if self.checkpoints is not None and self.checkpoint_config.interval:
             self._spawn(self.checkpoints.periodic())
-        write_json(os.path.join(self.data_dir, "address.json"), {"address": self.address, "pid": os.getpid()})
+        status_url = None if self.config.http_port is None else await self.web.start(self.config.host, self.config.http_port)
+        write_json(os.path.join(self.data_dir, "address.json"), {"address": self.address, "pid": os.getpid(), "status_url": status_url})
         log.info("coordinator serving on %s with %d partitions", self.address, self.table.partitions)
 
     async def stop(self) -> None:
@@ -157,7 +164,9 @@ class Coordinator(ClusterAnswers):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.server.stop()
+        await self.web.stop()
         await self.peers.close()
+        datadir.release(getattr(self, "_dir_lock", None))
 
     async def _resume(self) -> None:
         """After a restart: once the nodes have checked in, clear what moves in flight left, and rebalance.
@@ -191,6 +200,8 @@ class Coordinator(ClusterAnswers):
     # -- membership ------------------------------------------------------------
 
     async def register(self, msg: p.Register, conn) -> dict:
+        if msg.node_id in self.members:
+            await refuse_takeover(self.members[msg.node_id], msg.address, self.security)
         node_id, joined = self.membership.register(msg.node_id, msg.address, time.monotonic())
         self.event("member_joined" if joined else "member_returned", node=node_id, address=msg.address)
         if self.membership.addresses() != self.table.addresses:

@@ -99,7 +99,8 @@ class LocalCluster:
         return CoordinatorConfig(
             host="127.0.0.1", port=port, data_dir=os.path.join(self.root, "coordinator"),
             partitions=self.partitions, heartbeat_timeout=self.heartbeat_timeout, security=self.security,
-            checkpoints=self.checkpoints, checkpoint_interval=self.checkpoint_interval, **self.coordinator_settings,
+            checkpoints=self.checkpoints, checkpoint_interval=self.checkpoint_interval,
+            **{"http_port": 0, **self.coordinator_settings},
         )
 
     def start(self) -> "LocalCluster":
@@ -131,6 +132,11 @@ class LocalCluster:
     def restart_coordinator(self) -> None:
         """Start the coordinator again on the same port, from its persisted state."""
         self._runner.start_coordinator(self._coordinator_config(int(self.address.rsplit(":", 1)[1])))
+
+    @property
+    def status_url(self) -> str | None:
+        """The coordinator's status page (its JSON API is ``status_url + "api/status"``)."""
+        return (read_json(os.path.join(self.root, "coordinator", "address.json")) or {}).get("status_url")
 
     # -- clients -----------------------------------------------------------
 

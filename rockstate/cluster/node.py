@@ -34,8 +34,9 @@ from ..retry import Retry
 from ..rpc.client import AsyncChannel
 from ..rpc.server import Server
 from ..store import StateSpec, Store
-from . import protocol as p
+from . import datadir, protocol as p
 from .gate import Gate
+from .identity import advertised_address
 from .ingest import SstIngestor
 from .metrics import NodeMetrics
 from .moves import NodeMoves
@@ -60,7 +61,7 @@ class Node:
         self.gate = Gate()
         self._retiring: dict[int, asyncio.Future] = {}
         self._peers: dict[str, AsyncChannel] = {}
-        self.metrics = NodeMetrics()
+        self.metrics = NodeMetrics(self)
         self.data = DataHandlers(self.gate, self.metrics)
         self.moves = NodeMoves(self.gate, self._mover, self._settled)
         self.ingestor = SstIngestor(self.gate)  # bulk-loaded SST files (cluster/ingest.py)
@@ -72,6 +73,7 @@ class Node:
             p.RestorePartitions: self.restore_partitions,
             **self.moves.handlers,
             **self.ingestor.handlers,
+            **self.metrics.handlers,
         }
         self.security = Security.from_config(config.security)
         self.server = Server(self.metrics.timed(self.handlers), config.host, config.port, name="node",
@@ -100,11 +102,12 @@ class Node:
 
     @property
     def address(self) -> str:
-        return self.server.address
+        return advertised_address(self.config.host, self.config.advertise_host, self.server.port)
 
     # -- life cycle --------------------------------------------------------
 
     async def start(self) -> None:
+        self._dir_lock = datadir.lock(self.data_dir, "node")  # before it registers: a second one must not
         await self.server.start()
         reply = await self._register()
         write_json(self._identity_path, {"node_id": self.node_id})
@@ -123,7 +126,7 @@ class Node:
             self.metrics.serve(self.config.host, self.config.metrics_port)
         self._heartbeat = asyncio.create_task(self._heartbeat_loop())
         write_json(os.path.join(self.data_dir, "address.json"), {"address": self.address, "node_id": self.node_id, "pid": os.getpid()})
-        log.info("node %s serving on %s", self.node_id, self.address)
+        log.info("node %s joined: serving %d partitions on %s (table epoch %d)", self.node_id, len(self.owned), self.address, self.table.epoch)
 
     def _drop_stale_partitions(self) -> None:
         """Partition folders left from before a restart whose partitions moved away meanwhile are stale."""
@@ -145,6 +148,7 @@ class Node:
 
     async def leave(self) -> None:
         """Hand every partition to the other nodes, then stop."""
+        log.info("node %s leaving: handing its %d partitions to the others", self.node_id, len(self.owned))
         try:
             await self.coordinator.call(p.Leave(node_id=self.node_id), timeout=600.0)
         except RockstateError as e:
@@ -163,6 +167,7 @@ class Node:
         if self.store is not None:
             self.store.close()
         self.metrics.close()
+        datadir.release(getattr(self, "_dir_lock", None))
         self.stopped.set()
 
     async def _heartbeat_loop(self) -> None:
@@ -199,6 +204,9 @@ class Node:
                 self.gate.ownership.opened(pid)
             self.table = table
             self.metrics.partitions.set(len(self.owned))
+            if change.opened or change.retired:
+                log.info("node %s at epoch %d: received partitions %s, released %s", self.node_id, table.epoch,
+                         sorted(change.opened), sorted(change.retired))
 
     def _retire(self, pid: int) -> None:
         """Drop a partition this node no longer owns, with its move copy and local snapshots."""
@@ -239,6 +247,7 @@ class Node:
                 stats += [s.to_dict() for s in await checkpoints.restore(msg.checkpoint, [pid], msg.base)]
             finally:
                 self.gate.unfreeze(pid)
+        log.info("node %s restored partitions %s from checkpoint %s", self.node_id, list(msg.partitions), msg.checkpoint)
         return stats
 
 

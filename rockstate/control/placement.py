@@ -77,5 +77,8 @@ def by_owner(owners: Owners, statuses: Statuses) -> list[tuple[str, list[int]]]:
         out.setdefault(owner, []).append(pid)
     missing = [pid for o, pids in out.items() if o is None or statuses[o] is not MemberStatus.ALIVE for pid in pids]
     if missing:
-        raise PartitionUnavailableError(f"partitions {missing[:8]} have no live owner", partitions=missing[:64])
+        raise PartitionUnavailableError(
+            f"partitions {missing[:8]}{' and more' if len(missing) > 8 else ''} ({len(missing)} in all) have no live owner: "
+            "retry once their node returns or they are restored from a checkpoint (rockstate status shows them)",
+            partitions=missing[:64])
     return [(o, pids) for o, pids in out.items()]  # type: ignore[misc]

@@ -22,6 +22,7 @@ from typing import Any
 
 from rockstate.errors import (
     ClusterTimeoutError,
+    ConfigError,
     ConnectionLostError,
     ProtocolError,
     RockstateError,
@@ -29,14 +30,18 @@ from rockstate.errors import (
 )
 
 from . import auth
-from .frames import MAX_FRAME, encode, read_frame, read_frame_sync, write_frame
+from .frames import GREETING_TIMEOUT, MAGIC, MAX_FRAME, check_greeting, encode, no_greeting, read_frame, read_frame_sync, read_greeting, write_frame
 from .messages import PROTOCOL_VERSION, Challenge, Hello, Message, Welcome, parse_reply, request
 
 REPLY_GRACE = 0.1
 
 
-def split_address(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
+def split_address(address: object) -> tuple[str, int]:
+    """("host", port) from "host:port" ("[v6]:port" too), or a ``ConfigError`` saying what is wrong."""
+    host, _, port = address.rpartition(":") if isinstance(address, str) else ("", "", "")
+    if not isinstance(address, str) or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"address {address!r} must be host:port with a port from 1 to 65535, e.g. "
+                          f"{(address.rpartition(':')[0] or address) if isinstance(address, str) and address else 'localhost'}:7700")
     return host.strip("[]"), int(port)
 
 
@@ -79,13 +84,32 @@ class _Connection:
         self._poll.register(self._sock, select.POLLIN)
         self._ids = itertools.count()
         try:
-            reply = self.call(_hello(name), timeout)
+            reply = self._greet(_hello(name), timeout)
             if isinstance(reply, Challenge):
                 reply = self.call(auth.answer(secret, reply), timeout)
             _welcomed(reply)
         except BaseException:
             self.close()
             raise
+
+    def _greet(self, hello: Hello, timeout: float) -> Any:
+        """The greeting and the hello in one write; the server's greeting must come back within a second."""
+        with self._io(timeout):
+            self._sock.sendall(MAGIC)
+        rid = self.send(hello, timeout)
+        waited = min(timeout, GREETING_TIMEOUT)
+        try:
+            self._sock.settimeout(waited)
+            got = self._stream.read(len(MAGIC))
+        except TimeoutError:
+            raise no_greeting(self.address, waited) from None
+        except OSError as e:
+            raise _transport_error(self.address, e, waited) from e
+        check_greeting(got, self.address)
+        result = self.receive(rid, timeout + REPLY_GRACE)
+        if isinstance(result, RockstateError):
+            raise result
+        return result
 
     def stale(self) -> bool:
         """Whether the server closed this idle connection: an idle socket has nothing to read."""
@@ -278,7 +302,8 @@ class AsyncChannel:
         try:
             async with asyncio.timeout(timeout):
                 reader, writer = await asyncio.open_connection(host, port, ssl=self._ssl)
-                reply = await self._handshake_step(reader, writer, _hello(self.name))
+                writer.write(MAGIC)
+                reply = await self._handshake_step(reader, writer, _hello(self.name), greeting=min(timeout, GREETING_TIMEOUT))
                 if isinstance(reply, Challenge):
                     reply = await self._handshake_step(reader, writer, auth.answer(self._secret, reply))
                 _welcomed(reply)
@@ -293,8 +318,10 @@ class AsyncChannel:
         self._reader_task = asyncio.create_task(self._read_replies(reader, writer))
 
     async def _handshake_step(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                              msg: Message) -> Any:
+                              msg: Message, greeting: float | None = None) -> Any:
         await write_frame(writer, request(0, msg, None), self._max_frame)
+        if greeting is not None:
+            await read_greeting(reader, self.address, greeting)
         _, result = parse_reply(await read_frame(reader, self._max_frame))
         if isinstance(result, RockstateError):
             raise result

@@ -1,5 +1,11 @@
 """Length-prefixed msgpack frames: a 4-byte big-endian body length, then the body.
 
+Every connection starts with ``MAGIC``, both ways (the client's first, the
+server's in answer), before any frame: a client that reached something other
+than a rockstate server (an HTTP, status page or metrics port) says so within
+``GREETING_TIMEOUT`` instead of reading an HTTP reply as a frame length or
+waiting for a reply that never comes.
+
 One encoder and decoder shared by the asyncio side (servers, ``AsyncChannel``)
 and the blocking side (``Channel``). Every way a frame can be bad raises
 ``ProtocolError``; a peer that closes cleanly between frames raises
@@ -15,12 +21,46 @@ from typing import Any, BinaryIO
 
 import msgpack
 
-from rockstate.errors import ConnectionLostError, FrameTruncatedError, ProtocolError
+from rockstate.errors import ClusterTimeoutError, ConnectionLostError, FrameTruncatedError, NotRockstateError, ProtocolError
 
 MAX_FRAME = 256 * 1024 * 1024
 """Default largest frame body, in bytes, that a peer sends or accepts."""
 
 _HEADER = struct.Struct(">I")
+
+MAGIC = b"RKS\x01"
+"""The greeting that opens a connection, both ways (its last byte changes only with an incompatible framing)."""
+
+GREETING_TIMEOUT = 1.0
+"""Seconds a client waits for the server's greeting: a server answers it at once, before reading any frame."""
+
+
+def check_greeting(got: bytes, address: str) -> None:
+    """Raise unless ``got`` (what the peer at ``address`` sent first) is the rockstate greeting."""
+    if got == MAGIC:
+        return
+    if not got:
+        raise ConnectionLostError(f"{address} closed the connection without the rockstate greeting: it is not a rockstate "
+                                  "port, or it expects TLS (give the cluster's CA file), or it is shutting down", address=address)
+    what = "an HTTP server (the status page or a metrics port?)" if got.startswith(b"HTTP") else "not a rockstate server"
+    raise NotRockstateError(f"{address} answered {got!r} to the rockstate greeting: it is {what}; "
+                            "give the address of a rockstate coordinator or node RPC port", address=address)
+
+
+def no_greeting(address: str, waited: float) -> ClusterTimeoutError:
+    return ClusterTimeoutError(f"{address} did not answer the rockstate greeting within {waited:g}s: it is not a rockstate "
+                               "RPC port (an HTTP or metrics port?), or it is overloaded", address=address)
+
+
+async def read_greeting(reader: asyncio.StreamReader, address: str, timeout: float = GREETING_TIMEOUT) -> None:
+    try:
+        async with asyncio.timeout(timeout):
+            got = await reader.readexactly(len(MAGIC))
+    except asyncio.IncompleteReadError as e:
+        got = e.partial
+    except TimeoutError:
+        raise no_greeting(address, timeout) from None
+    check_greeting(got, address)
 
 
 def encode(obj: Any, max_frame: int = MAX_FRAME) -> bytes:

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 from rockstate.errors import ProtocolError, RockstateError, UnknownOperationError, from_wire
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: connections open with the greeting (frames.MAGIC)
 
 _NATIVE = (int, str, bytes, bool, float, list, dict, types.NoneType)
 _registry: dict[str, type[Message]] = {}

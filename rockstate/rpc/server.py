@@ -27,7 +27,7 @@ from rockstate.errors import (
 )
 
 from . import auth
-from .frames import MAX_FRAME, encode, read_frame, write_frame
+from .frames import MAGIC, MAX_FRAME, encode, read_frame, write_frame
 from .messages import PROTOCOL_VERSION, Hello, Message, Welcome, error_reply, parse_request, reply
 
 log = logging.getLogger(__name__)
@@ -135,6 +135,16 @@ class Server:
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                          address: str) -> Connection:
+        try:
+            greeting = await reader.readexactly(len(MAGIC))
+        except asyncio.IncompleteReadError as e:
+            greeting = e.partial
+        if greeting != MAGIC:  # an older client, or not rockstate: the error reply is a plain frame any version reads
+            raise ProtocolVersionError(
+                f"server {self.name!r} speaks rockstate protocol version {PROTOCOL_VERSION}, which opens with a greeting;"
+                f" the client sent {greeting!r} (an older rockstate client, or not a rockstate client)",
+                server_version=PROTOCOL_VERSION)
+        writer.write(MAGIC)
         rid, wire, _ = parse_request(await read_frame(reader, self._max_frame))
         if wire.get("op") != Hello.op:
             raise ProtocolError(f"expected {Hello.op!r} first, got {wire.get('op')!r}")

@@ -89,6 +89,10 @@ class Partition:
 
     # -- states ----------------------------------------------------------
 
+    def column_families(self) -> list[Rdict]:
+        """One handle per state, for reading RocksDB properties (metrics)."""
+        return list(self._families.values())
+
     def ensure_state(self, name: str) -> None:
         with self.lock:
             if name not in self._families:

@@ -149,8 +149,8 @@ def test_checkpoint_and_savepoint_commands(tmp_path, file_url):
         assert "4 partitions, states ['v']" in cli("checkpoint", "inspect", "1")
         assert "savepoint nightly of checkpoint" in cli("savepoint", "create", "nightly")
         assert "nightly" in cli("savepoint", "list")
-        assert "restored savepoint nightly" in cli("savepoint", "restore", "nightly")
-        assert "restored checkpoint" in cli("checkpoint", "restore")
+        assert "restored savepoint nightly" in cli("savepoint", "restore", "nightly", "--yes")
+        assert "restored checkpoint" in cli("checkpoint", "restore", "--yes")
         assert "latest completed" in cli("status")
 
 

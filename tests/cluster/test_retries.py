@@ -11,6 +11,7 @@ import threading
 import pytest
 
 from rockstate.cluster import protocol as p
+from rockstate.rpc.frames import MAGIC
 from rockstate.cluster.local import LocalCluster, wait_until
 from rockstate.errors import ProtocolError
 from rockstate.rpc.client import Channel
@@ -60,6 +61,7 @@ class ReplyDropper:
     def _replies(self, server: socket.socket, client: socket.socket) -> None:
         stream = server.makefile("rb")
         try:
+            client.sendall(stream.read(len(MAGIC)))  # the server's greeting comes before any frame
             handshake = True
             while len(header := stream.read(_HEADER.size)) == _HEADER.size:
                 frame = header + stream.read(_HEADER.unpack(header)[0])

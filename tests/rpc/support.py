@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rockstate.errors import from_wire
-from rockstate.rpc.frames import read_frame_sync, write_frame_sync
+from rockstate.rpc.frames import MAGIC, read_frame_sync, write_frame_sync
 from rockstate.rpc.messages import PROTOCOL_VERSION, Message, parse_reply
 from rockstate.rpc.server import Connection
 
@@ -140,6 +140,8 @@ class RawConnection:
         host, _, port = address.rpartition(":")
         self.sock = socket.create_connection((host, int(port)), timeout=5)
         self.stream = self.sock.makefile("rb")
+        self.sock.sendall(MAGIC)
+        assert self.stream.read(len(MAGIC)) == MAGIC
 
     def hello(self, version: int = PROTOCOL_VERSION) -> tuple[int | None, Any]:
         self.send({"id": 0, "msg": {"op": "hello", "version": version, "name": "raw"}, "deadline": None})

@@ -11,6 +11,7 @@ from rockstate.errors import (
     StoreClosedError,
     UnknownOperationError,
 )
+from rockstate.rpc.messages import PROTOCOL_VERSION
 from rockstate.rpc import AsyncChannel, Server, client
 
 from .support import HANDLERS, Crash, Echo, Fail, Sleep, Unserved, Whoami, Wrap, Wrapped, echo
@@ -103,7 +104,7 @@ def test_protocol_version_mismatch(server, loop, monkeypatch):
 
     async def main():
         async with AsyncChannel(server.address) as ac:
-            with pytest.raises(ProtocolVersionError, match="version 7.*version 1"):
+            with pytest.raises(ProtocolVersionError, match=f"version 7.*version {PROTOCOL_VERSION}"):
                 await ac.call(Echo(value=1))
 
     loop.run(main())

@@ -9,6 +9,7 @@ import subprocess
 import pytest
 
 from rockstate.errors import AuthenticationError, ProtocolError, ProtocolVersionError, UnknownOperationError
+from rockstate.rpc.messages import PROTOCOL_VERSION
 from rockstate.rpc import AsyncChannel, Channel, client
 from rockstate.rpc.messages import Welcome
 
@@ -77,10 +78,10 @@ def test_protocol_version_mismatch(server, monkeypatch):
     assert raw.closed_by_peer()
     raw.close()
 
-    monkeypatch.setattr(client, "PROTOCOL_VERSION", 2)
-    with pytest.raises(ProtocolVersionError, match="version 2.*version 1") as info:
+    monkeypatch.setattr(client, "PROTOCOL_VERSION", 98)
+    with pytest.raises(ProtocolVersionError, match=f"version 98.*version {PROTOCOL_VERSION}") as info:
         Channel(server.address).call(Echo(value=1))
-    assert info.value.data == {"client_version": 2, "server_version": 1}
+    assert info.value.data == {"client_version": 98, "server_version": PROTOCOL_VERSION}
 
 
 def test_requests_before_hello_are_refused(server):

@@ -13,6 +13,18 @@ class NodeStats(Message):
     op = "node_stats"
 
 
+class NodeFigures(Message):
+    """Memory, disk and RocksDB figures (see cluster/metrics.py), for the status page."""
+
+    op = "node_figures"
+
+
+class NodeIdentity(Message):
+    """The node's id (None before it registered): the coordinator asks before letting another address take it."""
+
+    op = "node_identity"
+
+
 class NodeCount(Message):
     """Live entries of a state across the node's partitions."""
 

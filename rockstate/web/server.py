@@ -1,0 +1,91 @@
+"""The coordinator's HTTP server: the status page (``/``), its JSON API and the coordinator's Prometheus metrics.
+
+    GET /               the status page (static files in this package: no CDN, works offline)
+    GET /api/status     the cluster's status (``status.cluster_status``), as ``rockstate status --json`` prints it
+    GET /metrics        the coordinator's Prometheus metrics
+    GET /healthz        "ok" while the coordinator serves
+
+When the cluster has a secret, every request must carry it: HTTP basic auth
+with any user name and the secret as password (a browser asks for it), or
+``Authorization: Bearer <secret>``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import logging
+import os
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from .status import cluster_status
+
+log = logging.getLogger(__name__)
+
+STATIC = os.path.join(os.path.dirname(__file__), "static")
+
+
+class StatusServer:
+    def __init__(self, coordinator) -> None:
+        self.coordinator = coordinator
+        self.url: str | None = None
+        self._runner: web.AppRunner | None = None
+
+    def _app(self) -> web.Application:
+        app = web.Application(middlewares=[self._authorize])
+        app.router.add_get("/", self.page)
+        app.router.add_get("/api/status", self.status)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_static("/static/", STATIC)
+        return app
+
+    async def start(self, host: str, port: int) -> str:
+        self._runner = web.AppRunner(self._app(), access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, host, port).start()
+        bound = self._runner.addresses[0][1]
+        self.url = f"http://{host}:{bound}/"
+        log.info("status page on %s", self.url)
+        return self.url
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    @web.middleware
+    async def _authorize(self, request: web.Request, handler):
+        secret = self.coordinator.security.secret
+        if secret is not None and not _carries(request.headers.get("Authorization", ""), secret):
+            return web.Response(status=401, text="this cluster has a secret: give it as the password (any user name)\n",
+                                headers={"WWW-Authenticate": 'Basic realm="rockstate"'})
+        return await handler(request)
+
+    async def page(self, request: web.Request) -> web.FileResponse:
+        return web.FileResponse(os.path.join(STATIC, "index.html"), headers={"Cache-Control": "no-cache"})
+
+    async def status(self, request: web.Request) -> web.Response:
+        return web.json_response(await cluster_status(self.coordinator), headers={"Cache-Control": "no-store"})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.coordinator.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+
+def _carries(header: str, secret: bytes) -> bool:
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer":
+        given = value.strip().encode()
+    elif scheme.lower() == "basic":
+        try:
+            given = base64.b64decode(value.strip(), validate=True).partition(b":")[2]
+        except ValueError:
+            return False
+    else:
+        return False
+    return hmac.compare_digest(given, secret)

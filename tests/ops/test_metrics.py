@@ -1,0 +1,107 @@
+"""Prometheus metrics of a real coordinator and a real node process, and the Grafana dashboard that uses them."""
+
+import json
+import pathlib
+import re
+import socket
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from rockstate import LocalCluster
+from rockstate.cluster.local import wait_until
+
+DASHBOARD = pathlib.Path(__file__).parents[2] / "docs" / "grafana" / "rockstate.json"
+OPERATIONS = pathlib.Path(__file__).parents[2] / "docs" / "operations.md"
+SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "summary": ("_sum", "_count")}
+
+
+def exported(text: str) -> dict[str, float | None]:
+    """Every name a query can use -> the value of its first unlabelled sample (None if it has labels or none)."""
+    names: dict[str, float | None] = {}
+    for family in text_string_to_metric_families(text):
+        for name in (family.name, *(family.name + s for s in SUFFIXES.get(family.type, ()))):
+            names.setdefault(name, None)
+        for sample in family.samples:
+            if not sample.labels and names.get(sample.name) is None:
+                names[sample.name] = sample.value
+    return names
+
+
+def _scrape(url: str) -> str | None:
+    try:
+        return urllib.request.urlopen(url).read().decode()
+    except OSError:  # not listening yet
+        return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def scraped(tmp_path_factory):
+    """The coordinator's and a node's /metrics, after some writes and a checkpoint."""
+    root = tmp_path_factory.mktemp("metrics")
+    with LocalCluster(nodes=1, partitions=4, root=str(root), checkpoints=f"file://{root}/checkpoints") as cluster:
+        port = free_port()
+        node = subprocess.Popen([sys.executable, "-m", "rockstate.cli", "node", "--coordinator", cluster.address, "--port", "0",
+                                 "--data-dir", str(root / "metered"), "--metrics-port", str(port), "--memory-bytes", "64MiB"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_until(lambda: len(cluster.status()["nodes"]) == 2, 30, "the metered node to join")
+            cluster.wait_balanced()
+            with cluster.connect() as rs:
+                sessions = rs.map_state("sessions")
+                for i in range(200):
+                    sessions.put(f"user-{i}", "last_seen", f"2026-11-23T12:{i % 60:02d}:00Z")
+                rs.checkpoint()
+                assert sessions.count() == 200
+            node_text = wait_until(lambda: _scrape(f"http://127.0.0.1:{port}/metrics"), 30, "the node's metrics port")
+            coordinator_text = urllib.request.urlopen(cluster.status_url + "metrics").read().decode()
+        finally:
+            node.kill()
+            node.wait()
+    return exported(coordinator_text), exported(node_text)
+
+
+def test_coordinator_exports_membership_partitions_moves_and_checkpoints(scraped):
+    coordinator, _ = scraped
+    assert coordinator["rockstate_coordinator_partitions"] == 4
+    assert coordinator["rockstate_coordinator_partitions_unavailable"] == 0
+    assert coordinator["rockstate_coordinator_checkpoint_seconds_count"] == 1
+    assert coordinator["rockstate_coordinator_checkpoint_size_bytes"] > 0
+    assert coordinator["rockstate_coordinator_checkpoint_uploaded_bytes_total"] > 0
+    assert coordinator["rockstate_coordinator_migration_seconds_count"] >= 1  # the second node took partitions
+    assert coordinator["process_resident_memory_bytes"] > 0
+    for name in ("rockstate_coordinator_members", "rockstate_coordinator_failovers_pending", "rockstate_pipeline_batch_seconds_bucket"):
+        assert name in coordinator
+
+
+def test_node_exports_rocksdb_disk_and_process_figures(scraped):
+    _, node = scraped
+    assert node["rockstate_node_memory_limit_bytes"] == 64 << 20
+    assert 0 < node["rockstate_node_rocksdb_block_cache_bytes"] <= 64 << 20
+    assert node["rockstate_node_disk_used_bytes"] > 0 and node["rockstate_node_disk_free_bytes"] > 0
+    assert node["rockstate_node_partitions"] >= 1
+    assert node["process_resident_memory_bytes"] > 0 and node["process_open_fds"] > 0
+    for name in ("rockstate_node_rocksdb_memtable_bytes", "rockstate_node_rocksdb_pending_compaction_bytes",
+                 "rockstate_node_rocksdb_sst_bytes", "rockstate_node_rocksdb_write_stalls", "rockstate_node_request_seconds_bucket"):
+        assert name in node
+
+
+def test_every_metric_the_dashboard_names_is_exported(scraped):
+    coordinator, node = scraped
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    used = {m for e in exprs for m in re.findall(r"\b((?:rockstate|process)_[a-z_]+)", e)}
+    assert len(used) > 25
+    missing = {m for m in used if m not in coordinator and m not in node}
+    assert not missing, f"the dashboard names metrics nobody exports: {sorted(missing)}"
+    documented = OPERATIONS.read_text()
+    assert not [m for m in used if m.startswith("rockstate_") and re.sub(r"_(total|bucket|sum|count)$", "", m) not in documented]

@@ -1,0 +1,83 @@
+"""The status page in a real headless Chromium (Debian's, driven by its chromedriver) against a real LocalCluster."""
+
+import json
+import os
+import shutil
+import urllib.error
+import urllib.request
+
+import pytest
+
+from rockstate import LocalCluster
+from rockstate.cluster.local import wait_until
+
+webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+needs_chromium = pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="Debian's chromium and chromium-driver (scripts/setup.sh installs them)")
+
+
+@pytest.fixture
+def browser(tmp_path):
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--window-size=1280,1400", f"--user-data-dir={tmp_path / 'chromium-profile'}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)  # no driver download: Debian's
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+# read in one script: the page redraws itself every 2 s, so elements found one call earlier may be gone
+def shown_nodes(driver) -> dict[str, int]:
+    return driver.execute_script("""return Object.fromEntries([...document.querySelectorAll('#nodes tbody tr')]
+        .map(r => [r.dataset.node, +r.querySelector('td.partitions').textContent]))""")
+
+
+def shown_owners(driver) -> list[str]:
+    return driver.execute_script("return [...document.querySelectorAll('#partition-map .cell')].map(c => c.dataset.owner)")
+
+
+def shown_row(driver, node_id: str) -> str:
+    return driver.execute_script("return document.querySelector(`#nodes tr[data-node='${arguments[0]}']`).textContent", node_id)
+
+
+@needs_chromium
+def test_page_shows_the_live_cluster_and_follows_a_join(browser, tmp_path):
+    with LocalCluster(nodes=2, partitions=12, root=str(tmp_path / "cluster")) as cluster:
+        browser.get(cluster.status_url)
+        status = cluster.status()
+        expected = {n["node_id"]: n["partitions"] for n in status["nodes"]}
+        wait_until(lambda: shown_nodes(browser) == expected, 15, f"the page to show nodes {expected}")
+        owners = json.load(urllib.request.urlopen(cluster.status_url + "api/status"))["owners"]
+        assert shown_owners(browser) == owners and len(owners) == 12
+        assert "12 partitions" in browser.execute_script("return document.getElementById('summary').textContent")
+
+        joined = cluster.add_node()  # waits until balanced
+        after = {n["node_id"]: n["partitions"] for n in cluster.status()["nodes"]}
+        assert joined.node_id in after and after[joined.node_id] > 0
+        wait_until(lambda: shown_nodes(browser) == after, 15, f"the page to show the joined node: {after}")
+        wait_until(lambda: joined.node_id in shown_owners(browser), 15, "the partition map to name the new owner")
+        assert "MiB" in shown_row(browser, joined.node_id)  # its memory and disk figures are shown
+
+        shot = tmp_path / "status-page.png"
+        assert browser.save_screenshot(str(shot)) and os.path.getsize(shot) > 10_000
+        print(f"\nstatus page screenshot: {shot}")
+
+
+def test_page_and_api_are_behind_the_secret(tmp_path):
+    with LocalCluster(nodes=1, partitions=4, processes=False, secret="s3cret", root=str(tmp_path)) as cluster:
+        url = cluster.status_url + "api/status"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url)
+        assert refused.value.code == 401 and "Basic" in refused.value.headers["WWW-Authenticate"]
+        wrong = urllib.request.Request(url, headers={"Authorization": "Bearer nope"})
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(wrong)
+        given = urllib.request.Request(url, headers={"Authorization": "Bearer s3cret"})
+        assert json.load(urllib.request.urlopen(given))["partitions"] == 4
