@@ -78,7 +78,7 @@ def by_owner(owners: Owners, statuses: Statuses) -> list[tuple[str, list[int]]]:
     missing = [pid for o, pids in out.items() if o is None or statuses[o] is not MemberStatus.ALIVE for pid in pids]
     if missing:
         raise PartitionUnavailableError(
-            f"partitions {missing[:8]}{' and more' if len(missing) > 8 else ''} ({len(missing)} in all) have no live owner: "
+            f"partitions {missing[:8]}{' and more' if len(missing) > 8 else ''} have no live owner ({len(missing)} in all): "
             "retry once their node returns or they are restored from a checkpoint (rockstate status shows them)",
             partitions=missing[:64])
     return [(o, pids) for o, pids in out.items()]  # type: ignore[misc]
