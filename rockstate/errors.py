@@ -219,6 +219,31 @@ class IngestUploadError(ClusterError):
     retryable = True
 
 
+class ZooKeeperError(ClusterError):
+    """ZooKeeper, the control plane's store, failed an operation."""
+
+    code = "ZOOKEEPER"
+
+
+class ZooKeeperUnavailableError(ZooKeeperError):
+    """ZooKeeper did not answer in time; a write may or may not have happened (read the document again)."""
+
+    code = "ZOOKEEPER_UNAVAILABLE"
+    retryable = True
+
+
+class StaleVersionError(ZooKeeperError):
+    """A control-plane document changed since it was read: another coordinator wrote it."""
+
+    code = "STALE_VERSION"
+
+
+class NotLeaderError(ZooKeeperError):
+    """This coordinator does not lead (it stands by, or its ZooKeeper session ended); ``data['leader']`` names who does."""
+
+    code = "NOT_LEADER"
+
+
 # -- pipelines ---------------------------------------------------------------
 
 

@@ -17,7 +17,7 @@ from ..cluster.local import wait_until
 ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -34,7 +34,7 @@ def _answers(url: str) -> bool:
 @contextlib.contextmanager
 def moto_server(log_path: str) -> Iterator[str]:
     """Start ``python -m moto.server``; yields its endpoint URL; stops it by its PID."""
-    port = _free_port()
+    port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     with open(log_path, "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
