@@ -212,6 +212,18 @@ class NodeIdInUseError(ClusterError):
     code = "NODE_ID_IN_USE"
 
 
+class StaleEpochError(ClusterError):
+    """A replication batch from a primary of an older epoch: another replica was promoted since."""
+
+    code = "STALE_EPOCH"
+
+
+class ReplicaBehindError(ClusterError):
+    """A replication batch arrived past a gap: the backup must catch up from the primary first."""
+
+    code = "REPLICA_BEHIND"
+
+
 class IngestUploadError(ClusterError):
     """An uploaded SST file is missing or does not match its size and checksum; upload it again."""
 

@@ -1,0 +1,227 @@
+"""Each partition's replicas and in-sync set, as the coordinator decides them (Kafka's ISR, PacificA's configuration).
+
+A partition has a primary, backups, an in-sync set (the primary and the
+backups that hold every acknowledged write) and an epoch. Every change of
+the set bumps the epoch and answers ``Publish``: the caller saves it and
+sends it to the partition's replicas. A primary acknowledges a write once
+every in-sync member applied it (``write_acks.PrimaryAcks``); backups refuse
+batches of an older epoch, so a deposed primary cannot write through them.
+
+States of one backup::
+
+    add_backup() ──▶ CATCHING_UP ── caught_up() ──▶ IN_SYNC ── unreachable() ──▶ CATCHING_UP
+                         │                            │
+                         └────── drop() / members_dead() ─────▶ gone
+
+Transitions (stale reports, for an older epoch or a member no longer in
+that state, change nothing and answer no action):
+
+- ``add_backup(pid, node)``: a new replica (a planned ADD: a new or
+  returning member) is CATCHING_UP; ``CatchUp`` tells the primary to send
+  it a hard-link snapshot and then the write delta.
+- ``caught_up(pid, node, epoch)``: the primary reports the backup has
+  applied everything it sent; the primary already waits for it on every
+  write (``PrimaryAcks.caught_up``), so the in-sync set only ever names
+  members the primary waits for. IN_SYNC.
+- ``unreachable(pid, node, epoch)``: the primary reports a backup behind or
+  cut off. It leaves the in-sync set (CATCHING_UP again, the primary resends
+  from its position) with an epoch bump; only when that epoch reaches the
+  primary may it acknowledge writes without it.
+- ``promote(pid, node)``: a planned PROMOTE. Only an in-sync replica; the
+  caller has frozen the old primary's writes and seen them acknowledged, so
+  the old primary, now a backup, stays in sync.
+- ``drop(pid, node)``: a planned DROP. Refused (None) while it would take
+  the in-sync set below ``backup_count + 1`` and an added replica is still
+  catching up (the caller waits for ``caught_up`` first), or while the
+  partition elects a primary.
+- ``members_dead(nodes)``: the coordinator declared them dead. They leave
+  every partition. A partition whose primary died has no primary; its
+  in-sync backups are asked for their positions (``AskPositions``);
+  with none left, ``RestoreFromCheckpoint`` (today's path, and its loss
+  since that checkpoint). Out-of-sync backups of such a partition are
+  dropped: they lack acknowledged writes.
+- ``positions(pid, {node: applied sequence})``: the answers; the most
+  advanced in-sync backup becomes primary (``Promoted``, the event
+  ``primary_promoted``). Every acknowledged write is on every in-sync
+  backup, and each one's batches are a prefix of the new primary's, so the
+  others stay in sync once they apply its tail. Members that did not
+  answer are dropped (they catch up anew later). No answer: nothing yet.
+- ``restored(pid, node)``: the partition was restored from the checkpoint
+  on ``node``, its only replica; the planner adds backups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+
+@dataclass
+class ReplicaSet:
+    primary: str | None
+    backups: list[str] = field(default_factory=list)
+    in_sync: set[str] = field(default_factory=set)  # the primary too
+    epoch: int = 1
+
+    def replicas(self) -> list[str]:
+        return ([self.primary] if self.primary else []) + self.backups
+
+
+@dataclass(frozen=True)
+class Publish:
+    partition: int
+    epoch: int
+    primary: str | None
+    backups: tuple[str, ...]
+    in_sync: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CatchUp:
+    partition: int
+    node: str
+    source: str  # the primary
+
+
+@dataclass(frozen=True)
+class AskPositions:
+    partition: int
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Promoted:
+    partition: int
+    previous: str
+    primary: str
+    epoch: int
+
+
+@dataclass(frozen=True)
+class RestoreFromCheckpoint:
+    partition: int
+    lost: str  # the dead primary
+
+
+Action = Publish | CatchUp | AskPositions | Promoted | RestoreFromCheckpoint
+
+
+class InSyncSets:
+    def __init__(self, backup_count: int, replicas: Sequence[Sequence[str]]) -> None:
+        """Every replica of ``replicas`` (partition -> [primary, backups...]) starts in sync."""
+        self.backup_count = backup_count
+        self.sets = [ReplicaSet(r[0] if r else None, list(r[1:]), set(r)) for r in replicas]
+        self._electing: dict[int, tuple[str, set[str]]] = {}  # partition -> (dead primary, candidates)
+
+    def __getitem__(self, pid: int) -> ReplicaSet:
+        return self.sets[pid]
+
+    def table(self) -> list[list[str]]:
+        """Partition -> [primary, backups...], the planner's input."""
+        return [s.replicas() for s in self.sets]
+
+    def _publish(self, pid: int) -> Publish:
+        s = self.sets[pid]
+        s.epoch += 1
+        return Publish(pid, s.epoch, s.primary, tuple(s.backups), tuple(sorted(s.in_sync)))
+
+    def _remove(self, s: ReplicaSet, node: str) -> None:
+        s.backups.remove(node)
+        s.in_sync.discard(node)
+
+    # -- planned steps -----------------------------------------------------------
+
+    def add_backup(self, pid: int, node: str) -> list[Action]:
+        s = self.sets[pid]
+        if s.primary is None or node in s.replicas():
+            return []
+        s.backups.append(node)
+        return [self._publish(pid), CatchUp(pid, node, s.primary)]
+
+    def promote(self, pid: int, node: str) -> list[Action]:
+        s = self.sets[pid]
+        if s.primary is None or node == s.primary or node not in s.in_sync:
+            return []
+        s.backups = [s.primary] + [b for b in s.backups if b != node]
+        s.primary = node
+        return [self._publish(pid)]
+
+    def drop(self, pid: int, node: str) -> list[Action] | None:
+        s = self.sets[pid]
+        if pid in self._electing:
+            return None  # a candidate: wait for the election
+        if node not in s.backups:
+            return []
+        catching_up = any(b not in s.in_sync for b in s.backups if b != node)
+        if node in s.in_sync and catching_up and len(s.in_sync) - 1 < self.backup_count + 1:
+            return None  # wait until the new replica is in sync
+        self._remove(s, node)
+        return [self._publish(pid)]
+
+    # -- the primary's reports -----------------------------------------------------
+
+    def caught_up(self, pid: int, node: str, epoch: int) -> list[Action]:
+        s = self.sets[pid]
+        if epoch != s.epoch or node not in s.backups or node in s.in_sync:
+            return []
+        s.in_sync.add(node)
+        return [self._publish(pid)]
+
+    def unreachable(self, pid: int, node: str, epoch: int) -> list[Action]:
+        s = self.sets[pid]
+        if s.primary is None or epoch != s.epoch or node not in s.in_sync or node == s.primary:
+            return []
+        s.in_sync.discard(node)
+        return [self._publish(pid), CatchUp(pid, node, s.primary)]
+
+    # -- failures ------------------------------------------------------------------
+
+    def members_dead(self, nodes: Iterable[str]) -> list[Action]:
+        dead = set(nodes)
+        actions: list[Action] = []
+        for pid, s in enumerate(self.sets):
+            if not dead & set(s.replicas()):
+                continue
+            for node in dead & set(s.backups):
+                self._remove(s, node)
+            if pid in self._electing:  # a candidate died meanwhile
+                lost, candidates = self._electing[pid]
+                self._electing[pid] = (lost, candidates - dead)
+            if s.primary in dead:
+                lost, s.primary = s.primary, None
+                s.in_sync.discard(lost)
+                s.backups = [b for b in s.backups if b in s.in_sync]
+                self._electing[pid] = (lost, set(s.backups))
+            if pid in self._electing and not self._electing[pid][1]:
+                lost = self._electing.pop(pid)[0]
+                s.backups, s.in_sync = [], set()
+                actions += [self._publish(pid), RestoreFromCheckpoint(pid, lost)]
+            elif pid in self._electing:
+                actions += [self._publish(pid), AskPositions(pid, tuple(sorted(self._electing[pid][1])))]
+            else:
+                actions.append(self._publish(pid))
+        return actions
+
+    def positions(self, pid: int, applied: Mapping[str, int]) -> list[Action]:
+        if pid not in self._electing:
+            return []
+        lost, candidates = self._electing[pid]
+        answered = [n for n in sorted(candidates) if n in applied]
+        if not answered:
+            return []
+        primaries = {n: sum(1 for s in self.sets if s.primary == n) for n in answered}
+        new = min(answered, key=lambda n: (-applied[n], primaries[n], n))
+        del self._electing[pid]
+        s = self.sets[pid]
+        s.primary = new
+        s.backups = [b for b in answered if b != new]
+        s.in_sync = set(answered)
+        publish = self._publish(pid)
+        return [publish, Promoted(pid, lost, new, publish.epoch)]
+
+    def restored(self, pid: int, node: str) -> list[Action]:
+        s = self.sets[pid]
+        if s.primary is not None or pid in self._electing:
+            return []
+        s.primary, s.backups, s.in_sync = node, [], {node}
+        return [self._publish(pid)]

@@ -1,0 +1,171 @@
+"""Where each partition's replicas should live: a primary and ``backup_count`` backups, and the steps that get there.
+
+``plan(replicas, statuses, backup_count, zones)``: ``replicas[pid]`` is the
+partition's current ``[primary, backup, ...]`` (empty: unassigned); answers a
+``ReplicaPlan``: the target replica sets and the ordered steps that reach them.
+
+Rules:
+
+- Primaries are placed exactly as ``placement.rebalance`` places owners:
+  ``assign`` over the ALIVE members; a partition whose primary is DEAD is left
+  as it is (``InSyncSets.members_dead`` promotes one of its backups first).
+  With ``backup_count=0`` the plan is today's table, move for move.
+- Backups are balanced separately: over the partitions being planned, each
+  ALIVE member holds q or q + 1 backups (q, r = divmod(backups wanted,
+  members)), the r larger shares going to the members holding the most
+  backups now. A backup is never its partition's primary nor a second copy
+  on one member; when the ALIVE members span at least ``backup_count + 1``
+  zones, a partition's replicas are in distinct zones (a member without a
+  zone label is a zone of its own); with fewer zones, shared zones are
+  avoided where possible.
+- Fewest changes: a current replica (a backup, or a primary that lost its
+  place) stays on as a backup where these rules allow, its old backups
+  first and lower-numbered partitions first; the missing backups go to the
+  least-loaded member allowed; then backups pass from members above their
+  share (or two above another member) to members below it, where the zone
+  rule allows, so the shares are even (within a zone, when zones make
+  members unequal). Fewer ALIVE members than ``backup_count + 1``:
+  as many backups as there are other members (``ReplicaPlan.missing``).
+
+Steps, per partition, in this order, each begun once the one before is done:
+``ADD`` a replica (it copies the partition from the primary, a hard-link
+snapshot and the write delta, until it is in sync; with no primary it
+starts empty), ``PROMOTE`` an in-sync replica to primary (an epoch bump),
+``DROP`` a replica. Adds precede drops, so a partition never has fewer
+in-sync replicas during a change than before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Mapping, Sequence
+
+from .assignment import assign
+from .membership import MemberStatus
+from .placement import Move
+
+Replicas = Sequence[Sequence[str]]
+
+
+class StepKind(StrEnum):
+    ADD = "add"
+    PROMOTE = "promote"
+    DROP = "drop"
+
+
+@dataclass(frozen=True)
+class ReplicaStep:
+    partition: int
+    kind: StepKind
+    node: str
+
+
+@dataclass(frozen=True)
+class ReplicaPlan:
+    target: list[list[str]]  # partition -> [primary, backups...]
+    steps: list[ReplicaStep] = field(default_factory=list)
+    missing: dict[int, int] = field(default_factory=dict)  # partition -> backups it lacks (too few members)
+
+    def moves(self, replicas: Replicas) -> list[Move]:
+        """The primaries that change, as ``placement.rebalance`` names them."""
+        return [Move(pid, old[0] if old else None, new[0])
+                for pid, (old, new) in enumerate(zip(replicas, self.target)) if new and (old[:1] != new[:1])]
+
+
+def plan(replicas: Replicas, statuses: Mapping[str, MemberStatus], backup_count: int,
+         zones: Mapping[str, str] | None = None) -> ReplicaPlan:
+    alive = sorted(n for n, s in statuses.items() if s is MemberStatus.ALIVE)
+    current = [list(r) for r in replicas]
+    if not alive:
+        return ReplicaPlan(current)
+    primaries = [r[0] if r else None for r in current]
+    movable = [pid for pid, p in enumerate(primaries) if p is None or statuses.get(p) is not MemberStatus.DEAD]
+    new_primary = dict(zip(movable, assign([primaries[pid] if primaries[pid] in alive else None for pid in movable], alive)))
+    backups = _Backups(alive, zones or {}, min(backup_count, len(alive) - 1), current, movable)
+    target = [list(r) for r in current]
+    # keep old replicas first where the members short of backups may not go (their primary is there)
+    first = sorted(movable, key=lambda pid: not backups.closed_to_short(new_primary[pid]))
+    kept = {pid: backups.keep(new_primary[pid], current[pid][1:] + current[pid][:1]) for pid in first}
+    for pid in movable:
+        target[pid] = [new_primary[pid], *kept[pid], *backups.fill(new_primary[pid], kept[pid])]
+    backups.even_out(target, movable)
+    missing = {pid: backup_count - (len(target[pid]) - 1) for pid in movable if len(target[pid]) - 1 < backup_count}
+    return ReplicaPlan(target, _steps(current, target), missing)
+
+
+class _Backups:
+    """Backup loads and caps over the ALIVE members, and the zone rule."""
+
+    def __init__(self, alive: list[str], zones: Mapping[str, str], count: int,
+                 current: list[list[str]], movable: list[int]) -> None:
+        self.alive, self.count = alive, count
+        self.zone = {n: zones.get(n, n) for n in alive}
+        self.strict = len(set(self.zone.values())) >= count + 1  # enough zones: one replica per zone
+        held = dict.fromkeys(self.alive, 0)
+        for pid in movable:
+            for n in current[pid][1:]:
+                if n in held:
+                    held[n] += 1
+        q, r = divmod(self.count * len(movable), len(self.alive))
+        by_load = sorted(self.alive, key=lambda n: (-held[n], n))
+        self.cap = {n: q + (1 if i < r else 0) for i, n in enumerate(by_load)}
+        self.short = [n for n in alive if held[n] < self.cap[n]]
+        self.load = dict.fromkeys(self.alive, 0)
+
+    def closed_to_short(self, primary: str) -> bool:
+        return not any(self._allowed(n, primary, []) for n in self.short)
+
+    def _allowed(self, node: str, primary: str, chosen: list[str]) -> bool:
+        taken = [primary, *chosen]
+        return node in self.zone and node not in taken and not (
+            self.strict and self.zone[node] in {self.zone[n] for n in taken})
+
+    def keep(self, primary: str, candidates: list[str]) -> list[str]:
+        chosen: list[str] = []
+        for node in candidates:
+            if len(chosen) < self.count and self._allowed(node, primary, chosen) and self.load[node] < self.cap[node]:
+                chosen.append(node)
+                self.load[node] += 1
+        return chosen
+
+    def fill(self, primary: str, chosen: list[str]) -> list[str]:
+        added: list[str] = []
+        while len(chosen) + len(added) < self.count:
+            taken = [*chosen, *added]
+            options = [n for n in self.alive if self._allowed(n, primary, taken)]
+            if not options:
+                break
+            zones_taken = {self.zone[n] for n in [primary, *taken]}
+            best = min(options, key=lambda n: (self.load[n] >= self.cap[n], self.zone[n] in zones_taken, self.load[n], n))
+            added.append(best)
+            self.load[best] += 1
+        return added
+
+    def even_out(self, target: list[list[str]], movable: list[int]) -> None:
+        """Hand backups from members over their cap, or two above another, to those under (the zone rule permitting)."""
+        moved = True
+        while moved:
+            moved = False
+            for pid in reversed(movable):
+                replicas = target[pid]
+                for i, node in enumerate(replicas[1:], 1):
+                    others = replicas[1:i] + replicas[i + 1:]
+                    under = [n for n in self.alive if self._allowed(n, replicas[0], others) and (
+                        self.load[node] - self.load[n] >= 2
+                        or self.load[node] > self.cap[node] and self.load[n] < self.cap[n])]
+                    if under:
+                        replicas[i] = min(under, key=lambda n: (self.load[n], n))
+                        self.load[node] -= 1
+                        self.load[replicas[i]] += 1
+                        moved = True
+
+
+def _steps(current: list[list[str]], target: list[list[str]]) -> list[ReplicaStep]:
+    steps: list[ReplicaStep] = []
+    for pid, (old, new) in enumerate(zip(current, target)):
+        steps += [ReplicaStep(pid, StepKind.ADD, n) for n in new if n not in old]
+        if new and old[:1] != new[:1]:
+            steps.append(ReplicaStep(pid, StepKind.PROMOTE, new[0]))
+        steps += [ReplicaStep(pid, StepKind.DROP, n) for n in old if n not in new]
+    return steps

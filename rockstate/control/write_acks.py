@@ -1,0 +1,140 @@
+"""When a replicated partition's write is acknowledged: the primary's side (``PrimaryAcks``) and the backup's (``BackupApply``).
+
+Write batches carry a sequence number, one after the other in the
+primary's order, and the partition's epoch; a backup applies them in that
+order, so what it holds is always a prefix of the primary's batches, and
+``applied(backup, seq)`` means every batch through ``seq``.
+
+The primary (``replication: sync``, the default): a batch is acknowledged
+once every member it waits for has applied it, at once when it waits for
+none. It waits for the coordinator's in-sync set (``in_sync.InSyncSets``)
+and for backups it reported caught up, so the coordinator's set never names
+a member the primary does not wait for. ``replication: async`` acknowledges
+every batch when it is sent; the backups follow (a primary's death may lose
+what they had not applied).
+
+- ``send(now)``: the next batch's ``Batch(seq, epoch, acknowledged)``.
+- ``applied(backup, seq)``: answers the sequences this acknowledges, in order.
+- ``configure(epoch, backups, in_sync)``: the coordinator's set at a newer
+  epoch (older ones change nothing). Only this stops the primary waiting for
+  a backup, so it never acknowledges without a member the coordinator still
+  counts; answers the sequences acknowledged now.
+- ``caught_up(backup)``: whether the backup applied everything sent; if so
+  the primary waits for it from now on, and reports it to the coordinator.
+- ``overdue(now, max_lag)``: waited-for backups that have not applied a batch
+  sent more than ``max_lag`` seconds ago: to report as behind.
+
+The backup: ``check(epoch, seq)`` before applying a batch: True to apply it,
+False when it holds it already (a resend); a batch of an epoch older than the
+newest it knows raises ``StaleEpochError`` (a deposed primary), one past a
+gap ``ReplicaBehindError``. ``applied(seq)`` once it is applied;
+``configure(epoch)`` when the coordinator publishes a newer epoch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Iterable, Mapping
+
+from ..errors import ReplicaBehindError, StaleEpochError
+
+
+class Replication(StrEnum):
+    SYNC = "sync"
+    ASYNC = "async"
+
+
+@dataclass(frozen=True)
+class Batch:
+    seq: int
+    epoch: int
+    acknowledged: bool  # already, when it is sent
+
+
+class PrimaryAcks:
+    def __init__(self, epoch: int, positions: Mapping[str, int], last_seq: int = 0,
+                 replication: Replication | str = Replication.SYNC) -> None:
+        """``positions``: each in-sync backup's last applied sequence; ``last_seq``: the primary's own."""
+        self.epoch, self.replication = epoch, Replication(replication)
+        self.in_sync = set(positions)
+        self.joining: set[str] = set()  # reported caught up, not yet in a published in-sync set
+        self.position = dict(positions)
+        self.last_sent = self.acked = last_seq
+        self._sent: dict[int, float] = {}  # seq -> when it was sent; not yet applied by every member waited for
+
+    def waits(self) -> set[str]:
+        return self.in_sync | self.joining
+
+    def send(self, now: float) -> Batch:
+        self.last_sent += 1
+        self._sent[self.last_sent] = now
+        if self.replication is Replication.ASYNC:
+            self.acked = self.last_sent
+        self._advance()
+        return Batch(self.last_sent, self.epoch, self.acked >= self.last_sent)
+
+    def applied(self, backup: str, seq: int) -> list[int]:
+        if seq > self.position.get(backup, 0):
+            self.position[backup] = min(seq, self.last_sent)
+        return self._advance()
+
+    def configure(self, epoch: int, backups: Iterable[str], in_sync: Iterable[str]) -> list[int]:
+        if epoch <= self.epoch:
+            return []
+        backups = set(backups)
+        self.epoch, self.in_sync = epoch, set(in_sync) & backups  # the primary itself is not waited for
+        self.joining = {b for b in self.joining if b in backups and b not in self.in_sync}
+        self.position = {b: self.position.get(b, 0) for b in backups}
+        return self._advance()
+
+    def caught_up(self, backup: str) -> bool:
+        if backup not in self.position or self.position[backup] < self.last_sent:
+            return False
+        if backup not in self.in_sync:
+            self.joining.add(backup)
+        return True
+
+    def overdue(self, now: float, max_lag: float) -> list[str]:
+        late = []
+        for backup in sorted(self.waits()):
+            oldest = self._sent.get(self.position[backup] + 1)
+            if oldest is not None and now - oldest > max_lag:
+                late.append(backup)
+        return late
+
+    def _advance(self) -> list[int]:
+        through = min((self.position[b] for b in self.waits()), default=self.last_sent)
+        for seq in [s for s in self._sent if s <= through]:
+            del self._sent[seq]
+        if self.replication is Replication.ASYNC or through <= self.acked:
+            return []
+        newly = list(range(self.acked + 1, through + 1))
+        self.acked = through
+        return newly
+
+
+class BackupApply:
+    def __init__(self, epoch: int, applied: int = 0) -> None:
+        """``applied``: the last sequence this replica holds (a caught-up copy's, or 0)."""
+        self.epoch, self.last_applied = epoch, applied
+
+    def configure(self, epoch: int) -> None:
+        self.epoch = max(self.epoch, epoch)
+
+    def check(self, epoch: int, seq: int) -> bool:
+        if epoch < self.epoch:
+            raise StaleEpochError(
+                f"a batch of epoch {epoch} from a primary that was replaced at epoch {self.epoch}; "
+                "the partition's current primary is in the newest table", epoch=self.epoch)
+        self.epoch = epoch
+        if seq <= self.last_applied:
+            return False
+        if seq > self.last_applied + 1:
+            raise ReplicaBehindError(
+                f"batch {seq} arrived after batch {self.last_applied}; the backup catches up from the primary first",
+                applied=self.last_applied)
+        return True
+
+    def applied(self, seq: int) -> None:
+        self.last_applied = max(self.last_applied, seq)

@@ -1,0 +1,107 @@
+"""The coordinator's in-sync sets, driven by hand: planned steps, the primary's reports and deaths in, actions out."""
+
+from rockstate.control.in_sync import AskPositions, CatchUp, InSyncSets, Promoted, Publish, RestoreFromCheckpoint
+from rockstate.control.membership import MemberStatus
+from rockstate.control.replica_placement import StepKind, plan
+
+ALIVE, LEAVING = MemberStatus.ALIVE, MemberStatus.LEAVING
+
+
+def test_a_new_backup_catches_up_then_joins_the_in_sync_set():
+    sets = InSyncSets(1, [["node-1"]])
+    assert sets.add_backup(0, "node-2") == [Publish(0, 2, "node-1", ("node-2",), ("node-1",)), CatchUp(0, "node-2", "node-1")]
+    assert sets.caught_up(0, "node-2", epoch=1) == []  # reported at an older epoch: ignored
+    assert sets.caught_up(0, "node-2", epoch=2) == [Publish(0, 3, "node-1", ("node-2",), ("node-1", "node-2"))]
+    assert sets.caught_up(0, "node-2", epoch=3) == []  # in sync already
+    assert sets.add_backup(0, "node-2") == [] and sets.add_backup(0, "node-1") == []
+
+
+def test_an_unreachable_backup_leaves_the_in_sync_set_with_an_epoch_bump():
+    sets = InSyncSets(1, [["node-1", "node-2"]])
+    assert sets.unreachable(0, "node-2", epoch=0) == []  # a deposed primary's report changes nothing
+    actions = sets.unreachable(0, "node-2", epoch=1)
+    assert actions == [Publish(0, 2, "node-1", ("node-2",), ("node-1",)), CatchUp(0, "node-2", "node-1")]
+    assert sets.unreachable(0, "node-2", epoch=2) == []
+    assert sets.caught_up(0, "node-2", epoch=2)[0].in_sync == ("node-1", "node-2")
+
+
+def test_promote_takes_only_an_in_sync_replica_and_the_old_primary_stays_a_backup():
+    sets = InSyncSets(1, [["node-1"]])
+    sets.add_backup(0, "node-2")
+    assert sets.promote(0, "node-2") == []  # still catching up
+    sets.caught_up(0, "node-2", epoch=2)
+    assert sets.promote(0, "node-2") == [Publish(0, 4, "node-2", ("node-1",), ("node-1", "node-2"))]
+
+
+def test_a_drop_waits_while_its_replacement_catches_up():
+    sets = InSyncSets(1, [["node-1", "node-2"]])
+    sets.add_backup(0, "node-3")
+    assert sets.drop(0, "node-2") is None  # it would leave one in-sync replica of the two configured
+    sets.caught_up(0, "node-3", epoch=2)
+    assert sets.drop(0, "node-2") == [Publish(0, 4, "node-1", ("node-3",), ("node-1", "node-3"))]
+    assert sets.drop(0, "node-2") == []
+
+
+def test_a_dead_primary_is_replaced_by_the_most_advanced_in_sync_backup():
+    sets = InSyncSets(2, [["node-1", "node-2", "node-3", "node-4"]])
+    sets.unreachable(0, "node-4", epoch=1)  # out of sync: lacks acknowledged writes
+    actions = sets.members_dead(["node-1"])
+    assert actions == [Publish(0, 3, None, ("node-2", "node-3"), ("node-2", "node-3")), AskPositions(0, ("node-2", "node-3"))]
+    assert sets.positions(0, {}) == []  # no answer yet: nothing
+    assert sets.positions(0, {"node-2": 41, "node-3": 42}) == [
+        Publish(0, 4, "node-3", ("node-2",), ("node-2", "node-3")), Promoted(0, "node-1", "node-3", 4)]
+    assert sets.positions(0, {"node-2": 50}) == []  # decided already
+    assert sets.table() == [["node-3", "node-2"]]
+
+
+def test_an_election_picks_among_those_that_answered_balancing_primaries_on_ties():
+    sets = InSyncSets(1, [["node-1", "node-2", "node-3"], ["node-2", "node-1"]])
+    sets.members_dead(["node-1"])
+    assert sets.positions(0, {"node-2": 9, "node-3": 9})[-1] == Promoted(0, "node-1", "node-3", 3)  # node-2 leads one
+    sets = InSyncSets(1, [["node-1", "node-2", "node-3"]])
+    sets.members_dead(["node-1"])
+    assert sets.positions(0, {"node-2": 3})[0] == Publish(0, 3, "node-2", (), ("node-2",))  # node-3 is re-added later
+
+
+def test_simultaneous_deaths_up_to_backup_count_keep_the_partition():
+    sets = InSyncSets(2, [["node-1", "node-2", "node-3"], ["node-3", "node-1", "node-2"]])
+    actions = sets.members_dead(["node-1", "node-2"])
+    assert AskPositions(0, ("node-3",)) in actions
+    assert actions[-1] == Publish(1, 2, "node-3", (), ("node-3",))  # a primary that lost its backups serves on
+    assert sets.positions(0, {"node-3": 7})[-1] == Promoted(0, "node-1", "node-3", 3)
+
+
+def test_with_no_in_sync_replica_left_the_partition_is_restored_from_the_checkpoint():
+    sets = InSyncSets(1, [["node-1", "node-2"], ["node-2", "node-1"]])
+    sets.unreachable(1, "node-1", epoch=1)
+    actions = sets.members_dead(["node-2"])
+    assert RestoreFromCheckpoint(1, "node-2") in actions  # node-1 lacks acknowledged writes
+    assert sets[1].replicas() == [] and sets.restored(1, "node-3") == [Publish(1, 4, "node-3", (), ("node-3",))]
+    assert sets.restored(1, "node-1") == []
+
+
+def test_an_election_whose_last_candidate_dies_falls_back_to_the_checkpoint():
+    sets = InSyncSets(1, [["node-1", "node-2"]])
+    assert sets.members_dead(["node-1"])[-1] == AskPositions(0, ("node-2",))
+    assert sets.members_dead(["node-2"]) == [Publish(0, 3, None, (), ()), RestoreFromCheckpoint(0, "node-1")]
+    assert sets.positions(0, {"node-2": 5}) == []  # a late answer from the dead changes nothing
+
+def test_the_planners_steps_carried_out_reach_its_target_without_losing_in_sync_replicas():
+    table = plan([[]] * 12, {f"node-{i}": ALIVE for i in (1, 2, 3)}, backup_count=1).target
+    sets = InSyncSets(1, table)
+    statuses = {"node-1": ALIVE, "node-2": LEAVING, "node-3": ALIVE, "node-4": ALIVE}
+    target = plan(sets.table(), statuses, backup_count=1)
+    for step in target.steps:
+        s = sets[step.partition]
+        if step.kind is StepKind.ADD:
+            publish, catch_up = sets.add_backup(step.partition, step.node)
+            assert catch_up == CatchUp(step.partition, step.node, s.primary)
+            assert sets.drop(step.partition, s.backups[0]) is None  # not before the new one is in sync
+            sets.caught_up(step.partition, step.node, publish.epoch)
+        elif step.kind is StepKind.PROMOTE:
+            assert sets.promote(step.partition, step.node)
+        else:
+            assert sets.drop(step.partition, step.node)
+        assert len(s.in_sync) >= 2
+    assert [sorted(r) for r in sets.table()] == [sorted(r) for r in target.target]
+    assert [r[0] for r in sets.table()] == [r[0] for r in target.target]
