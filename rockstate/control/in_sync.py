@@ -52,6 +52,7 @@ that state, change nothing and answer no action):
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
@@ -111,14 +112,16 @@ class InSyncSets:
         """Every replica of ``replicas`` (partition -> [primary, backups...]) starts in sync."""
         self.backup_count = backup_count
         self.sets = [ReplicaSet(r[0] if r else None, list(r[1:]), set(r)) for r in replicas]
-        self._electing: dict[int, tuple[str, set[str]]] = {}  # partition -> (dead primary, candidates)
+        # partition without a primary -> its dead one; its backups, all in sync, are the candidates (none: a restore)
+        self._lost: dict[int, str] = {}
 
     def __getitem__(self, pid: int) -> ReplicaSet:
         return self.sets[pid]
 
     def table(self) -> list[list[str]]:
-        """Partition -> [primary, backups...], the planner's input."""
-        return [s.replicas() for s in self.sets]
+        """Partition -> [primary, backups...], the planner's input. One without a primary names its dead one,
+        so the planner leaves it to the election or the restore."""
+        return [[self._lost[pid], *s.backups] if pid in self._lost else s.replicas() for pid, s in enumerate(self.sets)]
 
     def _publish(self, pid: int) -> Publish:
         s = self.sets[pid]
@@ -148,7 +151,7 @@ class InSyncSets:
 
     def drop(self, pid: int, node: str) -> list[Action] | None:
         s = self.sets[pid]
-        if pid in self._electing:
+        if pid in self._lost:
             return None  # a candidate: wait for the election
         if node not in s.backups:
             return []
@@ -180,48 +183,38 @@ class InSyncSets:
         dead = set(nodes)
         actions: list[Action] = []
         for pid, s in enumerate(self.sets):
-            if not dead & set(s.replicas()):
+            if not dead & {s.primary, *s.backups}:
                 continue
             for node in dead & set(s.backups):
                 self._remove(s, node)
-            if pid in self._electing:  # a candidate died meanwhile
-                lost, candidates = self._electing[pid]
-                self._electing[pid] = (lost, candidates - dead)
             if s.primary in dead:
-                lost, s.primary = s.primary, None
-                s.in_sync.discard(lost)
-                s.backups = [b for b in s.backups if b in s.in_sync]
-                self._electing[pid] = (lost, set(s.backups))
-            if pid in self._electing and not self._electing[pid][1]:
-                lost = self._electing.pop(pid)[0]
-                s.backups, s.in_sync = [], set()
-                actions += [self._publish(pid), RestoreFromCheckpoint(pid, lost)]
-            elif pid in self._electing:
-                actions += [self._publish(pid), AskPositions(pid, tuple(sorted(self._electing[pid][1])))]
+                self._lost[pid], s.primary = s.primary, None
+                s.in_sync &= set(s.backups)
+                s.backups = [b for b in s.backups if b in s.in_sync]  # the others lack acknowledged writes
+            publish = self._publish(pid)
+            if pid not in self._lost:
+                actions.append(publish)
+            elif s.backups:
+                actions += [publish, AskPositions(pid, tuple(sorted(s.backups)))]
             else:
-                actions.append(self._publish(pid))
+                actions += [publish, RestoreFromCheckpoint(pid, self._lost[pid])]
         return actions
 
     def positions(self, pid: int, applied: Mapping[str, int]) -> list[Action]:
-        if pid not in self._electing:
-            return []
-        lost, candidates = self._electing[pid]
-        answered = [n for n in sorted(candidates) if n in applied]
-        if not answered:
-            return []
-        primaries = {n: sum(1 for s in self.sets if s.primary == n) for n in answered}
-        new = min(answered, key=lambda n: (-applied[n], primaries[n], n))
-        del self._electing[pid]
         s = self.sets[pid]
-        s.primary = new
-        s.backups = [b for b in answered if b != new]
-        s.in_sync = set(answered)
+        answered = sorted(b for b in s.backups if b in applied)
+        if pid not in self._lost or not answered:
+            return []
+        primaries = Counter(other.primary for other in self.sets)
+        new = min(answered, key=lambda n: (-applied[n], primaries[n], n))
+        s.primary, s.backups, s.in_sync = new, [b for b in answered if b != new], set(answered)
         publish = self._publish(pid)
-        return [publish, Promoted(pid, lost, new, publish.epoch)]
+        return [publish, Promoted(pid, self._lost.pop(pid), new, publish.epoch)]
 
     def restored(self, pid: int, node: str) -> list[Action]:
         s = self.sets[pid]
-        if s.primary is not None or pid in self._electing:
+        if pid not in self._lost or s.backups:
             return []
+        del self._lost[pid]
         s.primary, s.backups, s.in_sync = node, [], {node}
         return [self._publish(pid)]

@@ -76,6 +76,7 @@ def test_with_no_in_sync_replica_left_the_partition_is_restored_from_the_checkpo
     sets.unreachable(1, "node-1", epoch=1)
     actions = sets.members_dead(["node-2"])
     assert RestoreFromCheckpoint(1, "node-2") in actions  # node-1 lacks acknowledged writes
+    assert sets.table()[1] == ["node-2"]  # the planner leaves it to the restore
     assert sets[1].replicas() == [] and sets.restored(1, "node-3") == [Publish(1, 4, "node-3", (), ("node-3",))]
     assert sets.restored(1, "node-1") == []
 
@@ -105,3 +106,18 @@ def test_the_planners_steps_carried_out_reach_its_target_without_losing_in_sync_
         assert len(s.in_sync) >= 2
     assert [sorted(r) for r in sets.table()] == [sorted(r) for r in target.target]
     assert [r[0] for r in sets.table()] == [r[0] for r in target.target]
+
+
+def test_after_a_promotion_the_planner_restores_the_backup_count():
+    sets = InSyncSets(1, plan([[]] * 6, {f"node-{i}": ALIVE for i in (1, 2, 3)}, backup_count=1).target)
+    statuses = {"node-1": MemberStatus.DEAD, "node-2": ALIVE, "node-3": ALIVE}
+    asks = [a for a in sets.members_dead(["node-1"]) if isinstance(a, AskPositions)]
+    assert [a.partition for a in asks] == [0, 1]  # node-1 led these
+    assert sets.table()[:2] == [["node-1", "node-2"], ["node-1", "node-3"]]  # named by their dead primary
+    assert not any(s.partition in (0, 1) for s in plan(sets.table(), statuses, backup_count=1).steps)  # left to the election
+    for ask in asks:
+        sets.positions(ask.partition, {n: 3 for n in ask.nodes})
+    after = plan(sets.table(), statuses, backup_count=1)
+    assert all(len(r) == 2 and "node-1" not in r for r in after.target)
+    assert {s.kind for s in after.steps} <= {StepKind.ADD, StepKind.PROMOTE, StepKind.DROP}
+    assert all(step.node != "node-1" for step in after.steps if step.kind is StepKind.ADD)
