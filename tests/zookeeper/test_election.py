@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 from kazoo.client import KazooClient
@@ -87,3 +92,31 @@ def test_stopping_the_leader_hands_over_and_a_stopped_standby_leaves_the_electio
     a.stop()
     wait_until(lambda: b.leading, 3, "b to take over")
     assert b.contenders() == ["b"]
+
+
+LEADER_PROCESS = """
+import sys, threading
+from rockstate.cluster.zkstore import ZooKeeperStore
+store = ZooKeeperStore(sys.argv[1], sys.argv[2], timeout=5.0, session_timeout=float(sys.argv[3]))
+store.leadership("killed-leader", on_elected=lambda: print("leading", flush=True)).start()
+threading.Event().wait()
+"""
+
+
+def test_a_standby_leads_within_the_session_timeout_after_the_leaders_process_is_killed(zookeeper, cluster, open_store):
+    session_timeout = 1.5
+    leader = subprocess.Popen([sys.executable, "-c", LEADER_PROCESS, zookeeper.hosts, cluster, str(session_timeout)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert leader.stdout.readline().strip() == "leading"
+        standby = open_store().leadership("standby").start()
+        wait_until(lambda: standby.contenders() == ["killed-leader", "standby"], 5, "the standby to queue")
+        os.kill(leader.pid, signal.SIGKILL)  # no goodbye: ZooKeeper ends the session when its timeout passes
+        killed = time.monotonic()
+        wait_until(lambda: standby.leading, session_timeout + 5, "the standby to take over")
+        took = time.monotonic() - killed
+        assert took <= session_timeout + 1.0, f"the standby led {took:.2f}s after the kill"
+        assert standby.contenders() == ["standby"]
+    finally:
+        leader.kill()
+        leader.wait()
