@@ -20,13 +20,16 @@ SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), 
 
 
 def exported(text: str) -> dict[str, float | None]:
-    """Every name a query can use -> the value of its first unlabelled sample (None if it has labels or none)."""
+    """Every name a query can use -> the value of its unlabelled sample (None if it has labels or none);
+    each labelled sample too, as 'name{label="value",...}'."""
     names: dict[str, float | None] = {}
     for family in text_string_to_metric_families(text):
         for name in (family.name, *(family.name + s for s in SUFFIXES.get(family.type, ()))):
             names.setdefault(name, None)
         for sample in family.samples:
-            if not sample.labels and names.get(sample.name) is None:
+            if sample.labels:
+                names[sample.name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items())) + "}"] = sample.value
+            elif names.get(sample.name) is None:
                 names[sample.name] = sample.value
     return names
 
@@ -61,6 +64,9 @@ def scraped(tmp_path_factory):
                 for i in range(200):
                     sessions.put(f"user-{i}", "last_seen", f"2026-11-23T12:{i % 60:02d}:00Z")
                 rs.checkpoint()
+                rs.backend.report_pipeline({"query": "sessions-by-user", "last_batch": 1, "updated": 1.0, "batches": [
+                    {"batch": 0, "rows_in": 120, "rows_out": 100, "seconds": 0.8, "checkpoint_seconds": 0.1},
+                    {"batch": 1, "rows_in": 80, "rows_out": 100, "seconds": 0.4, "checkpoint_seconds": 0.1}]})
                 assert sessions.count() == 200
             node_text = wait_until(lambda: _scrape(f"http://127.0.0.1:{port}/metrics"), 30, "the node's metrics port")
             coordinator_text = urllib.request.urlopen(cluster.status_url + "metrics").read().decode()
@@ -79,6 +85,7 @@ def test_coordinator_exports_membership_partitions_moves_and_checkpoints(scraped
     assert coordinator["rockstate_coordinator_checkpoint_uploaded_bytes_total"] > 0
     assert coordinator["rockstate_coordinator_migration_seconds_count"] >= 1  # the second node took partitions
     assert coordinator["process_resident_memory_bytes"] > 0
+    assert coordinator['rockstate_pipeline_batch_seconds_count{query="sessions-by-user"}'] == 2  # both batches of the progress report
     for name in ("rockstate_coordinator_members", "rockstate_coordinator_failovers_pending", "rockstate_pipeline_batch_seconds_bucket"):
         assert name in coordinator
 
@@ -101,7 +108,7 @@ def test_every_metric_the_dashboard_names_is_exported(scraped):
     exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
     used = {m for e in exprs for m in re.findall(r"\b((?:rockstate|process)_[a-z_]+)", e)}
     assert len(used) > 25
-    missing = {m for m in used if m not in coordinator and m not in node}
+    missing = {m for m in used if m not in coordinator and m not in node}  # names, not the labelled samples' keys
     assert not missing, f"the dashboard names metrics nobody exports: {sorted(missing)}"
     documented = OPERATIONS.read_text()
     assert not [m for m in used if m.startswith("rockstate_") and re.sub(r"_(total|bucket|sum|count)$", "", m) not in documented]
