@@ -245,9 +245,9 @@ def _client_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _actions(sub, name: str, help: str, client: argparse.ArgumentParser, actions: dict, func) -> None:
+def _actions(sub, name: str, summary: str, client: argparse.ArgumentParser, actions: dict, func) -> None:
     """``rockstate NAME ACTION [args]``: each action its own parser, so flags and arguments mix in any order."""
-    p = sub.add_parser(name, help=help, description=help)
+    p = sub.add_parser(name, help=summary, description=summary)
     acts = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     for action, (action_help, arguments) in actions.items():
         a = acts.add_parser(action, help=action_help, description=action_help, parents=[client])

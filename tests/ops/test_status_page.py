@@ -49,7 +49,12 @@ def shown_row(driver, node_id: str) -> str:
 
 @needs_chromium
 def test_page_shows_the_live_cluster_and_follows_a_join(browser, tmp_path):
-    with LocalCluster(nodes=2, partitions=12, root=str(tmp_path / "cluster")) as cluster:
+    with LocalCluster(nodes=2, partitions=12, root=str(tmp_path / "cluster"), checkpoints=f"file://{tmp_path}/checkpoints") as cluster:
+        with cluster.connect() as rs:
+            rs.value_state("carts").put_many({f"cart-{i}": {"items": i, "updated": "2026-11-23T12:00:00Z"} for i in range(300)})
+            rs.checkpoint()
+            rs.value_state("carts").put_many({f"cart-{i}": {"items": i + 1} for i in range(300, 900)})
+            rs.checkpoint()
         browser.get(cluster.status_url)
         status = cluster.status()
         expected = {n["node_id"]: n["partitions"] for n in status["nodes"]}
@@ -57,6 +62,8 @@ def test_page_shows_the_live_cluster_and_follows_a_join(browser, tmp_path):
         owners = json.load(urllib.request.urlopen(cluster.status_url + "api/status"))["owners"]
         assert shown_owners(browser) == owners and len(owners) == 12
         assert "12 partitions" in browser.execute_script("return document.getElementById('summary').textContent")
+        bars = wait_until(lambda: browser.execute_script("return document.querySelectorAll('#checkpoint-chart rect').length"), 15, "the chart")
+        assert bars == 2 and browser.execute_script("return document.querySelectorAll('#checkpoints tbody tr').length") == 2
 
         joined = cluster.add_node()  # waits until balanced
         after = {n["node_id"]: n["partitions"] for n in cluster.status()["nodes"]}

@@ -83,7 +83,7 @@ function chart(svg, points, label) {
   const maxD = Math.max(...points.map((p) => p.duration || 0), 1e-3), maxS = Math.max(...points.map((p) => p.size || 0), 1);
   const step = (W - 2 * pad) / points.length, y = (v, max) => H - pad + 4 - (v / max) * (H - 2 * pad);
   svg.append(node("line", { x1: pad, y1: H - pad + 4, x2: W - pad, y2: H - pad + 4, stroke: "#ccc" }));
-  svg.append(node("text", { x: 2, y: 12 }, seconds(maxD)), node("text", { x: W - pad + 2, y: 12 }, size(maxS)));
+  svg.append(node("text", { x: 2, y: 12 }, seconds(maxD)), node("text", { x: W - 2, y: 12, "text-anchor": "end" }, size(maxS)));
   let line = "";
   points.forEach((p, i) => {
     const x = pad + i * step, top = y(p.duration || 0, maxD);
@@ -104,7 +104,9 @@ function checkpoints(s) {
   const history = c ? c.history : [];
   chart(document.getElementById("checkpoint-chart"), history.map((r) => ({
     label: String(r.checkpoint_id), duration: r.duration, size: r.size, ok: r.state !== "FAILED" && !r.failure })), "checkpoints");
-  rows("checkpoints", history.slice().reverse(), (r) => [String(r.checkpoint_id), r.state, r.trigger, clock(r.started_at),
+  // a completed checkpoint that retention deleted is not there to restore any more (as `rockstate checkpoint list`)
+  const state = (r) => (r.state === "COMPLETED" && r.retained === false ? "DELETED" : r.state);
+  rows("checkpoints", history.slice().reverse(), (r) => [String(r.checkpoint_id), state(r), r.trigger, clock(r.started_at),
     seconds(r.duration), size(r.size), size(r.uploaded_bytes), r.failure || ""]);
 }
 
