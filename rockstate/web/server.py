@@ -20,7 +20,7 @@ import os
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from .status import cluster_status
+from .status import Figures, cluster_status
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +31,7 @@ class StatusServer:
     def __init__(self, coordinator) -> None:
         self.coordinator = coordinator
         self.url: str | None = None
+        self.figures = Figures()  # the nodes' figures, shared by every reader of the status
         self._runner: web.AppRunner | None = None
 
     def _app(self) -> web.Application:

@@ -2,7 +2,9 @@
 
 Node figures (memory, disk, RocksDB) are asked of every live node at once,
 each given ``FIGURES_TIMEOUT``: a node that does not answer in time is shown
-without them, never holds the page up.
+without them, never holds the page up. They are asked at most every
+``FIGURES_EVERY`` seconds however often the status is read (tests and
+``LocalCluster.wait_balanced`` poll it many times a second).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Iterable
 from ..cluster import protocol as p
 
 FIGURES_TIMEOUT = 1.0
+FIGURES_EVERY = 2.0  # the page refreshes every 2 s
 EVENTS = 100  # recent events in the document
 MOVES = ("migration_started", "migration_finished", "migration_failed")
 LIVE = ("alive", "leaving")  # statuses whose partitions are served
@@ -40,7 +43,20 @@ def table_status(table, members: Iterable, now: float) -> dict:
     }
 
 
-async def _figures(coordinator) -> dict[str, dict | None]:
+class Figures:
+    """The live nodes' figures, kept for ``FIGURES_EVERY`` seconds."""
+
+    def __init__(self) -> None:
+        self.at, self.by_node = float("-inf"), {}
+
+    async def get(self, coordinator) -> dict[str, dict | None]:
+        if time.monotonic() - self.at >= FIGURES_EVERY:
+            self.at = time.monotonic()  # first: readers meanwhile take the figures there are
+            self.by_node = await _ask_figures(coordinator)
+        return self.by_node
+
+
+async def _ask_figures(coordinator) -> dict[str, dict | None]:
     alive = coordinator.membership.alive()
 
     async def one(member):
@@ -67,7 +83,7 @@ def _moves(events: list[dict]) -> list[dict]:
 async def cluster_status(coordinator) -> dict:
     c = coordinator
     status = table_status(c.table, c.members.values(), time.monotonic())
-    figures = await _figures(c)
+    figures = await c.web.figures.get(c)
     for node in status["nodes"]:
         node["figures"] = figures.get(node["node_id"])
     events = c.events.latest(1000)

@@ -70,7 +70,7 @@ def test_page_shows_the_live_cluster_and_follows_a_join(browser, tmp_path):
         assert joined.node_id in after and after[joined.node_id] > 0
         wait_until(lambda: shown_nodes(browser) == after, 15, f"the page to show the joined node: {after}")
         wait_until(lambda: joined.node_id in shown_owners(browser), 15, "the partition map to name the new owner")
-        assert "MiB" in shown_row(browser, joined.node_id)  # its memory and disk figures are shown
+        wait_until(lambda: "MiB" in shown_row(browser, joined.node_id), 15, "the new node's memory and disk figures")
 
         shot = tmp_path / "status-page.png"
         assert browser.save_screenshot(str(shot)) and os.path.getsize(shot) > 10_000
