@@ -12,10 +12,10 @@ Arrow batches are regrouped into sorted chunks of whole keys (``chunks``), and
 for each chunk the processor runs over a ``Batch``: committed state is read
 with one ``get_many`` per state (per owner), writes are buffered and flushed
 as one backend write when the chunk is done, and only then is the chunk's
-output yielded. State written by a task is therefore in the cluster before
-Spark sees the rows that depend on it; a failed task may have flushed some
-chunks (exactly-once replay is the commit protocol's job, on top of
-``BatchWriter``).
+output yielded. In a streaming query the writes are staged as the
+micro-batch's version (``microbatch``), so a re-run replaces them; outside
+one they are written directly, before Spark sees the rows that depend on
+them.
 """
 
 from __future__ import annotations
@@ -142,11 +142,11 @@ class TaskRunner:
         handle = StatefulProcessorHandle(backend, namespace)
         self.processor.init(handle)
         # in a micro-batch the task's writes are staged, so its later chunks read them from memory (keep)
-        batch = None if task is None else Batch(backend, task.writer, keep=True)
+        staged = None if task is None else Batch(backend, task.writer, keep=True)
         rows_in = rows_out = 0
         try:
             for table, starts in chunks(batches, PARTITION_COLUMN, self.keys, self.max_batch_bytes):
-                batch, output = batch if task else Batch(backend, BatchWriter(backend)), Output(self.schema)
+                batch, output = staged or Batch(backend, BatchWriter(backend)), Output(self.schema)
                 rows_in += table.num_rows
                 handle.begin(batch)
                 if self.mode == "handle_batch":
