@@ -20,7 +20,6 @@ from rockstate.cli import main
 from rockstate.cluster.local import wait_until
 from rockstate.errors import (
     CheckpointStorageError,
-    ClusterTimeoutError,
     ConfigError,
     NotRockstateError,
     PartitionUnavailableError,
