@@ -28,7 +28,7 @@ class ClusterAnswers:
             existing.check_same(spec)
             return existing
         self.specs[spec.name] = spec
-        self._save()
+        await self._save()
         await self._broadcast(p.NodeDefineState(spec=spec.to_dict()))
         return spec
 
@@ -45,7 +45,7 @@ class ClusterAnswers:
     async def pipeline_progress(self, msg: p.PipelineProgress, conn) -> None:
         self.pipelines[msg.record["query"]] = {**msg.record, "batches": msg.record.get("batches", [])[-5:]}
         self.metrics.pipeline(msg.record)
-        self._save()
+        await self._save()
 
     async def status(self, msg: p.Status, conn) -> dict:
         return await cluster_status(self)

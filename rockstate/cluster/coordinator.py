@@ -9,9 +9,9 @@ A dead node keeps its partitions (they are unavailable until it returns, or,
 with checkpoints configured, until they are restored elsewhere): moving them
 without their data would lose it. A join or a graceful leave moves each
 partition whose owner changes, at most ``max_concurrent_migrations`` at once;
-every finished move is its own epoch. Everything is persisted in
-``<data_dir>/coordinator.json``, so a restarted coordinator resumes with the
-same table.
+every finished move is its own epoch. Everything is persisted (``persistence.py``:
+``<data_dir>/coordinator.json``, or documents on ZooKeeper) before it is acted
+on, so a restarted coordinator resumes with the same table.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ..control import placement
 from ..control.membership import Membership, MemberStatus
 from ..control.migration import Migration
 from ..errors import CheckpointsNotConfiguredError, RockstateError
-from ..files import read_json, write_json
+from ..files import write_json
 from ..retry import Retry
 from ..rpc.server import Server
 from ..store import StateSpec
@@ -35,11 +35,11 @@ from ..web import StatusServer
 from . import datadir, protocol as p
 from .answers import ClusterAnswers
 from .checkpointing import ClusterCheckpoints
-from .events import EventLog
 from .identity import refuse_takeover
 from .metrics import CoordinatorMetrics
 from .moves import run_move
 from .peers import Peer, Peers
+from .persistence import DataDirectory
 from .security import Security
 from .table import Table
 
@@ -67,14 +67,15 @@ class Coordinator(ClusterAnswers):
         self.config = config
         self.data_dir = os.path.abspath(config.data_dir)
         os.makedirs(self.data_dir, exist_ok=True)
-        saved = read_json(self._state_path) or {}
+        self.persistence = DataDirectory(self.data_dir)
+        saved = self.persistence.load()
         self.table = Table.from_wire(saved["table"]) if saved else Table.empty(config.partitions)
         self.specs = {d["name"]: StateSpec.from_dict(d) for d in saved.get("states", [])}
         # a restarted coordinator gives every node a full timeout to check in
         self.membership = Membership.from_wire(config.heartbeat_timeout, saved, time.monotonic())
         self.pipelines: dict[str, dict] = saved.get("pipelines", {})
         self.failovers: set[str] = set(saved.get("failovers", []))  # dead nodes whose partitions are not restored yet
-        self.events = EventLog(os.path.join(self.data_dir, "events.jsonl"))
+        self.events = self.persistence.events
         self.metrics, self.web = CoordinatorMetrics(self), StatusServer(self)  # metrics count events from here on
         self.handlers = {
             p.Register: self.register,
@@ -115,21 +116,21 @@ class Coordinator(ClusterAnswers):
         return self.peers[self.membership[node_id]]
 
     @property
-    def _state_path(self) -> str:
-        return os.path.join(self.data_dir, "coordinator.json")
-
-    @property
     def address(self) -> str:
         return self.server.address
 
-    def _save(self) -> None:
-        write_json(self._state_path, {
+    def _record(self) -> dict:
+        """What the coordinator persists, by section (``persistence.py``)."""
+        return {
             "table": self.table.to_wire(),
             "states": [s.to_dict() for s in self.specs.values()],
             **self.membership.to_wire(),
             "pipelines": self.pipelines,
             "failovers": sorted(self.failovers),
-        })
+        }
+
+    async def _save(self) -> None:
+        await self.persistence.save(self._record())
 
     def event(self, event: str, **data) -> None:
         """Record a cluster event (member joined/left/dead, migration, partition restored, checkpoint...)."""
@@ -195,7 +196,7 @@ class Coordinator(ClusterAnswers):
                 if self.checkpoints is not None:
                     self.failovers.add(m.node_id)
                     self._spawn(self._failover(m.node_id))
-                self._save()
+                await self._save()
 
     # -- membership ------------------------------------------------------------
 
@@ -206,7 +207,7 @@ class Coordinator(ClusterAnswers):
         self.event("member_joined" if joined else "member_returned", node=node_id, address=msg.address)
         if self.membership.addresses() != self.table.addresses:
             self.table = self.table.with_addresses(self.membership.addresses())
-        self._save()
+        await self._save()
         self._spawn(self._rebalance())
         return {
             "node_id": node_id,
@@ -226,7 +227,7 @@ class Coordinator(ClusterAnswers):
             # it was cut off, not gone: partitions restored elsewhere meanwhile stay there
             member = self.membership[msg.node_id]
             self.event("member_returned", node=member.node_id, address=member.address)
-            self._save()
+            await self._save()
             self._spawn(self._welcome_back(member.node_id))
         return self.table.epoch
 
@@ -239,12 +240,12 @@ class Coordinator(ClusterAnswers):
     async def leave(self, msg: p.Leave, conn) -> dict:
         if not self.membership.leave(msg.node_id):  # nobody to take its partitions: they wait on its disk for its return
             self.event("member_stopped", node=msg.node_id, reason="last node; partitions stay on its disk")
-            self._save()
+            await self._save()
             return {"moved": 0}
         moved = await self._rebalance()
         self.membership.left(msg.node_id)
         self.event("member_left", node=msg.node_id)
-        self._save()
+        await self._save()
         return {"moved": moved}
 
     # -- the table -----------------------------------------------------------
@@ -297,7 +298,7 @@ class Coordinator(ClusterAnswers):
         await FAILOVER_RETRY.acall(once)
         if dead in self.failovers:
             self.failovers.discard(dead)
-            self._save()
+            await self._save()
 
     async def _restore_elsewhere(self, dead: str, plan: placement.FailoverPlan) -> None:
         chk = self.checkpoints.latest()
@@ -328,7 +329,7 @@ class Coordinator(ClusterAnswers):
     async def _publish(self, table: Table, include_leaving: bool = False) -> None:
         """A new table: kept, then sent to the nodes (a leaving one too, while its partitions move off it)."""
         self.table = table
-        self._save()
+        await self._save()
         await self._broadcast(p.ApplyTable(table=table.to_wire()), include_leaving)
 
     async def _broadcast(self, msg, include_leaving: bool = False) -> list:

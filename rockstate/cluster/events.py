@@ -7,6 +7,8 @@ restarts (a client waiting for "events after 57" must not miss a new 3).
 Each event is appended to ``events.jsonl`` as one line before it is
 announced; a process kill keeps what was written (the OS holds it), so no
 fsync. On start the file is read back and compacted to the last ``KEEP``.
+Without a path the log lives in memory from the events it is given (a
+coordinator on ZooKeeper keeps its recent window there: ``persistence.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import logging
 import os
 import time
 from collections import deque
+from typing import Callable
 
 log = logging.getLogger(__name__)
 
@@ -24,13 +27,15 @@ KEEP = 1000  # events kept in memory and in the file after compaction
 
 
 class EventLog:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str | None, events: list[dict] = ()) -> None:
         self.path = path
-        self.events: deque[dict] = deque(self._read(), maxlen=KEEP)
+        self.events: deque[dict] = deque(self._read() if path else events, maxlen=KEEP)
         self.seq = self.events[-1]["seq"] if self.events else 0
-        self._write_all()  # compaction: the file holds what memory holds
+        if path:
+            self._write_all()  # compaction: the file holds what memory holds
         self._appended = 0
         self._changed = asyncio.Event()
+        self.on_append: Callable[[], None] | None = None  # told of every event (a keeper that saves them)
 
     def _read(self) -> list[dict]:
         events = []
@@ -55,14 +60,17 @@ class EventLog:
         self.seq += 1
         entry = {"seq": self.seq, "time": time.time(), "event": event, **data}
         self.events.append(entry)
-        with open(self.path, "a") as f:
-            f.write(json.dumps(entry) + "\n")
-        self._appended += 1
-        if self._appended >= 10 * KEEP:
-            self._write_all()
-            self._appended = 0
+        if self.path:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(entry) + "\n")
+            self._appended += 1
+            if self._appended >= 10 * KEEP:
+                self._write_all()
+                self._appended = 0
         self._changed.set()
         self._changed = asyncio.Event()
+        if self.on_append is not None:
+            self.on_append()
         return entry
 
     def after(self, seq: int) -> list[dict]:

@@ -99,11 +99,17 @@ class ZooKeeperStore:
 
         ``fence``: the write happens only while that contender leads.
         """
-        path, raw = self._path(name), json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
-        if len(raw) > MAX_DOCUMENT:
-            raise SizeLimitError(f"document {name!r} is {len(raw)} bytes, over ZooKeeper's {MAX_DOCUMENT}: "
-                                 "split it into several documents")
-        what = f"writing {name!r} at version {version}"
+        return self.write_many({name: (data, version)}, fence)[name]
+
+    def write_many(self, documents: dict[str, tuple[dict, int | None]], fence: "Leadership | None" = None) -> dict[str, Document]:
+        """Replace several documents in one transaction (all or none), each ``name: (data, version it read)``."""
+        raws = {}
+        for name, (data, _) in documents.items():
+            raws[name] = raw = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+            if len(raw) > MAX_DOCUMENT:
+                raise SizeLimitError(f"document {name!r} is {len(raw)} bytes, over ZooKeeper's {MAX_DOCUMENT}: "
+                                     "split it into several documents")
+        what = "writing " + ", ".join(f"{name!r} at version {version}" for name, (_, version) in documents.items())
         with self._translated(what):
             tx = self.client.transaction()
             if fence is not None:
@@ -111,14 +117,18 @@ class ZooKeeperStore:
                 if node is None:
                     raise fence.not_leader(what)
                 tx.check(node, -1)  # the leader's election znode still exists: its session is alive
-            tx.create(path, raw) if version is None else tx.set_data(path, raw, version)
+            for name, (_, version) in documents.items():
+                path = self._path(name)
+                tx.create(path, raws[name]) if version is None else tx.set_data(path, raws[name], version)
             results = tx.commit_async().get(timeout=self.timeout)
             if fence is not None and isinstance(results[0], NoNodeError):
                 raise fence.not_leader(what)
             failed = [r for r in results if isinstance(r, Exception) and not isinstance(r, RolledBackError)]
             if failed:
                 raise failed[0]
-            return Document(data, 0 if version is None else results[-1].version)
+            written = results[1:] if fence is not None else results
+            return {name: Document(data, 0 if version is None else stat.version)
+                    for (name, (data, version)), stat in zip(documents.items(), written)}
 
     def names(self) -> list[str]:
         with self._translated("listing the documents"):
@@ -156,7 +166,7 @@ class Leadership:
     Transitions (one thread per contender runs them)::
 
         STANDING_BY ── the lock is ours (on_elected) ──▶ LEADING
-        LEADING ── the session is lost (on_deposed) ──▶ STANDING_BY (a new contender, queued behind the others)
+        LEADING ── the session is lost, or resign() (on_deposed) ──▶ STANDING_BY (a new contender, queued behind the others)
         any ── stop() ──▶ STOPPED (a leader's znode is deleted: a standby takes over at once)
 
     A suspended connection does not depose: the session may still be alive
@@ -213,6 +223,11 @@ class Leadership:
         if self._thread.is_alive():
             self._thread.join()
         self.store.client.remove_listener(self._session_changed)
+
+    def resign(self) -> None:
+        """Give up leading (its writes were refused); ``on_deposed`` runs and it contends again, behind the others."""
+        if self.leading:
+            self._deposed.set()
 
     def _session_changed(self, state: str) -> None:  # on kazoo's thread: must not block
         if state == KazooState.LOST:
