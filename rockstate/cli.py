@@ -200,6 +200,10 @@ def cmd_status(args: argparse.Namespace) -> None:
         return _print_json(status)
     console = _console()
     console.print(f"cluster at {args.coordinator}: {status['partitions']} partitions, table epoch {status['epoch']}, {status['states']} states")
+    coordinators = status.get("coordinators")
+    if coordinators and coordinators.get("standbys") is not None and "zookeeper" in coordinators:
+        console.print(f"coordinators: leader {coordinators['leader'] or 'none elected'}; "
+                      f"standbys {', '.join(coordinators['standbys']) or 'none'} (ZooKeeper {coordinators['zookeeper']})")
     unavailable = status.get("unavailable", status["unassigned"])
     console.print(f"[bold red]{unavailable} partitions without a live owner[/]" if unavailable else "every partition has a live owner")
     if status.get("checkpoints"):
@@ -236,7 +240,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
 def _client_parser() -> argparse.ArgumentParser:
     """The flags of every command that talks to a running cluster."""
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--coordinator", default="127.0.0.1:7700", help="the coordinator's host:port (default: 127.0.0.1:7700)")
+    p.add_argument("--coordinator", default="127.0.0.1:7700", help="the coordinator's host:port, or several as host:port,host:port... (default: 127.0.0.1:7700)")
     p.add_argument("--secret-file", help="file holding the cluster's shared secret (default: $ROCKSTATE_SECRET)")
     p.add_argument("--tls-ca-file", help="PEM CA bundle the coordinator's certificate must chain to (enables TLS)")
     p.add_argument("--tls-cert-file", help="PEM client certificate, when the cluster requires one")

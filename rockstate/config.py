@@ -190,6 +190,8 @@ class CoordinatorConfig(Settings):
     max_value_bytes: int = Field(16 * MiB, ge=1, description="largest encoded value, for every node")
     checkpoints: CheckpointConfig | None = Field(None, description="checkpoint storage URL (file:///..., s3://bucket/prefix); None: no checkpoints")  # the checkpoint_* settings too
     security: SecurityConfig = Field(default_factory=SecurityConfig, description="the settings secret_file and tls_*_file")
+    zookeeper: str | None = Field(None, description="ZooKeeper's host:port[,host:port...]: one of several coordinators, the elected one leads and the control plane lives in ZooKeeper under /rockstate/<cluster_name> (None: a single coordinator with its data directory)")
+    zookeeper_session_timeout: float = Field(10.0, gt=0, description="seconds ZooKeeper keeps a silent coordinator's session: a standby leads this long after the leader dies; keep it below heartbeat_timeout / 2 so nodes keep serving through a leader change")
 
 
 class NodeConfig(Settings):
@@ -198,7 +200,7 @@ class NodeConfig(Settings):
     flat: ClassVar = {"memory_bytes": ("store", "memory_bytes"), "ttl_sweep_interval": ("store", "ttl_sweep_interval"),
                       "request_window": ("store", "request_window"), **_SECURITY}
 
-    coordinator: str = Field("127.0.0.1:7700", description="the coordinator's host:port")
+    coordinator: str = Field("127.0.0.1:7700", description="the coordinator's host:port, or several coordinators' as host:port,host:port... (it follows the leader)")
     host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0: every interface)")
     advertise_host: str | None = Field(None, description="address clients and other nodes reach this node at (None: host; with a wildcard host, this machine's name)")
     port: int = Field(0, ge=0, le=65535, description="port to listen on (0: any free port)")

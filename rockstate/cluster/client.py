@@ -29,6 +29,7 @@ from ..rpc.client import Channel, call_many
 from ..store import StateSpec, requests
 from . import protocol as p
 from .ingest import upload_and_ingest
+from .leader import CoordinatorChannel
 from .security import load_secret
 from .table import Table
 
@@ -50,7 +51,7 @@ class ClusterBackend:
         self._secret = load_secret(None) if secret is None else secret
         self._ssl = ssl
         self._closed = False
-        self._coordinator = self._new_channel(address)
+        self._coordinator = CoordinatorChannel(address, self._new_channel)  # it follows the leader among several
         self._channels: dict[str, Channel] = {}
         self._lock = threading.Lock()
         self.checkpointer = ClusterCheckpointClient(self._coordinator, self._ask)  # one: it remembers the last restore
@@ -315,7 +316,7 @@ class ClusterCheckpointClient:
 
     TIMEOUT = 3600.0
 
-    def __init__(self, coordinator: Channel, ask: Callable[..., Any]) -> None:
+    def __init__(self, coordinator: CoordinatorChannel, ask: Callable[..., Any]) -> None:
         self._coordinator = coordinator  # restores and savepoints are not retried: they are not idempotent
         self._ask = ask
         self.last_restore: RestoreResult | None = None
@@ -357,7 +358,8 @@ def connect(address: str, *, timeout: float = 30.0, retry_timeout: float = 30.0,
     return Rockstate(ClusterBackend(address, timeout=timeout, retry_timeout=retry_timeout, wait=wait, secret=secret, ssl=ssl))
 
 
-connect.__doc__ = """A client of the cluster whose coordinator is at ``address`` ("host:port").
+connect.__doc__ = """A client of the cluster whose coordinator is at ``address`` ("host:port"; several coordinators
+as "host:port,host:port,...": it follows the leader).
 
 Settings (docs/configuration.md lists them too):
 

@@ -24,6 +24,7 @@ import time
 
 from ..config import CheckpointConfig, CoordinatorConfig
 from ..control import placement
+from ..control.leadership import CoordinatorRole
 from ..control.membership import Membership, MemberStatus
 from ..control.migration import Migration
 from ..errors import CheckpointsNotConfiguredError, RockstateError
@@ -39,7 +40,9 @@ from .identity import refuse_takeover
 from .metrics import CoordinatorMetrics
 from .moves import run_move
 from .peers import Peer, Peers
-from .persistence import DataDirectory
+from .election import Election
+from .leading import Leading
+from .persistence import DataDirectory, ZooKeeperDocuments
 from .security import Security
 from .table import Table
 
@@ -62,21 +65,18 @@ class _NotYet(Exception):
 FAILOVER_RETRY = Retry(deadline=None, initial=0.2, maximum=5.0, retry_on=lambda e: isinstance(e, _NotYet))  # until it is done
 
 
-class Coordinator(ClusterAnswers):
+class Coordinator(ClusterAnswers, Leading):
     def __init__(self, config: CoordinatorConfig) -> None:
         self.config = config
         self.data_dir = os.path.abspath(config.data_dir)
         os.makedirs(self.data_dir, exist_ok=True)
-        self.persistence = DataDirectory(self.data_dir)
-        saved = self.persistence.load()
-        self.table = Table.from_wire(saved["table"]) if saved else Table.empty(config.partitions)
-        self.specs = {d["name"]: StateSpec.from_dict(d) for d in saved.get("states", [])}
-        # a restarted coordinator gives every node a full timeout to check in
-        self.membership = Membership.from_wire(config.heartbeat_timeout, saved, time.monotonic())
-        self.pipelines: dict[str, dict] = saved.get("pipelines", {})
-        self.failovers: set[str] = set(saved.get("failovers", []))  # dead nodes whose partitions are not restored yet
-        self.events = self.persistence.events
-        self.metrics, self.web = CoordinatorMetrics(self), StatusServer(self)  # metrics count events from here on
+        self.election = Election(config) if config.zookeeper else None
+        self.role = CoordinatorRole(alone=self.election is None)
+        self.persistence: DataDirectory | ZooKeeperDocuments = DataDirectory(self.data_dir)  # ZooKeeper's once it contends
+        self.security = Security.from_config(config.security)
+        self.peers = Peers(self.security)
+        self.table_lock = asyncio.Lock()  # held while partitions move, and by checkpoints and restores
+        self._load(self.persistence.load() if self.election is None else {})
         self.handlers = {
             p.Register: self.register,
             p.Heartbeat: self.heartbeat,
@@ -90,18 +90,27 @@ class Coordinator(ClusterAnswers):
             p.PipelineProgress: self.pipeline_progress,
             **dict.fromkeys(CHECKPOINT_REQUESTS, self.checkpoint_request),
         }
-        self.security = Security.from_config(config.security)
-        self.peers = Peers(self.security)
-        self.table_lock = asyncio.Lock()  # held while partitions move, and by checkpoints and restores
+        self.metrics, self.web = CoordinatorMetrics(self), StatusServer(self)  # metrics count events from here on
+        self.server = Server(self.leader_only(self.handlers), config.host, config.port, name="coordinator",
+                             ssl=self.security.server_ssl, secret=self.security.secret)
+        self._tasks: set[asyncio.Task] = set()
+
+    def _load(self, saved: dict) -> None:
+        """Take up a saved record ({}: a new cluster)."""
+        self.table = Table.from_wire(saved["table"]) if saved else Table.empty(self.config.partitions)
+        self.specs = {d["name"]: StateSpec.from_dict(d) for d in saved.get("states", [])}
+        # a restarted coordinator, or a new leader, gives every node a full timeout to check in
+        self.membership = Membership.from_wire(self.config.heartbeat_timeout, saved, time.monotonic())
+        self.pipelines: dict[str, dict] = saved.get("pipelines", {})
+        self.failovers: set[str] = set(saved.get("failovers", []))  # dead nodes whose partitions are not restored yet
+        self.events = self.persistence.events
         self.checkpoints = ClusterCheckpoints(
             self.checkpoint_config, self.table.partitions, lock=self.table_lock, owners=self.partitions_by_node,
             channel=lambda peer: peer.rpc(self.security), specs=lambda: self.specs,
             define=self.define, event=self.event) if self.checkpoint_config else None
         # a new cluster on a storage that holds checkpoints starts from the latest one
-        self._restore_on_start = not saved and self.checkpoints is not None  # and it holds one: see start()
-        self.server = Server(self.handlers, config.host, config.port, name="coordinator",
-                             ssl=self.security.server_ssl, secret=self.security.secret)
-        self._tasks: set[asyncio.Task] = set()
+        self._restore_on_start = not saved and self.checkpoints is not None  # and it holds one: see _begin()
+        self._resumed = asyncio.Event()  # moves wait until the nodes' leases under an earlier table could have run out
 
     @property
     def checkpoint_config(self) -> CheckpointConfig | None:
@@ -147,23 +156,37 @@ class Coordinator(ClusterAnswers):
 
     async def start(self) -> None:
         self._dir_lock = datadir.lock(self.data_dir, "coordinator")  # before it serves: a second one must not
-        if self.checkpoints is not None:
-            await self.checkpoints.open()
-            self._restore_on_start = self._restore_on_start and self.checkpoints.latest() is not None
+        if self.election is None:
+            await self._begin()
         await self.server.start()
-        self._spawn(self._monitor())
-        if self.members:
-            self._spawn(self._resume())
-        if self.checkpoints is not None and self.checkpoint_config.interval:
-            self._spawn(self.checkpoints.periodic())
+        if self.election is not None:  # it leads once elected (Leading.elected)
+            self.persistence = await self.election.start(self.address, self)
         status_url = None if self.config.http_port is None else await self.web.start(self.config.host, self.config.http_port)
         write_json(os.path.join(self.data_dir, "address.json"), {"address": self.address, "pid": os.getpid(), "status_url": status_url})
         log.info("coordinator serving on %s with %d partitions", self.address, self.table.partitions)
 
-    async def stop(self) -> None:
+    async def _begin(self) -> None:
+        """Lead: the tasks of the coordinator in charge (monitor, resumption, periodic checkpoints)."""
+        if self.checkpoints is not None:
+            await self.checkpoints.open()
+            self._restore_on_start = self._restore_on_start and self.checkpoints.latest() is not None
+        self._spawn(self._monitor())
+        if self.members:
+            self._spawn(self._resume())
+        else:
+            self._resumed.set()
+        if self.checkpoints is not None and self.checkpoint_config.interval:
+            self._spawn(self.checkpoints.periodic())
+
+    async def _halt(self) -> None:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def stop(self) -> None:
+        await self._halt()
+        if self.election is not None:
+            await self.election.stop()
         await self.server.stop()
         await self.web.stop()
         await self.peers.close()
@@ -183,6 +206,7 @@ class Coordinator(ClusterAnswers):
             await self._broadcast(p.Thaw())
             # a new epoch: a source that let go of a partition just before the crash takes it back
             await self._publish(self.table.with_addresses(self.membership.addresses()))
+        self._resumed.set()
         self.event("coordinator_resumed", epoch=self.table.epoch)
         for node_id in self.failovers:  # a failover the crash interrupted is done now
             self._spawn(self._failover(node_id))
@@ -255,6 +279,7 @@ class Coordinator(ClusterAnswers):
 
     async def _rebalance(self) -> int:
         """Move partitions until the table is balanced over the live nodes; returns how many moved."""
+        await self._resumed.wait()
         async with self.table_lock:
             if not self.membership.alive():
                 return 0

@@ -1,5 +1,9 @@
 """LocalCluster: a coordinator and N nodes on 127.0.0.1, for tests, demos and trying things out.
 
+With ``zookeeper=True`` it also runs a ZooKeeper server (Debian's package, a
+plain process with a temporary data directory) and ``coordinators`` of them,
+one elected leader; nodes and clients are given every coordinator's address.
+
 With ``processes=True`` (the default) each is a separate OS process running
 the ``rockstate`` CLI; ``kill_node`` is a real SIGKILL. With
 ``processes=False`` they all run on one asyncio loop in a thread of this
@@ -23,7 +27,7 @@ from typing import Any, Callable
 
 from ..api import Rockstate
 from ..config import CoordinatorConfig, NodeConfig, SecurityConfig, flat_values
-from ..errors import ClusterError
+from ..errors import ClusterError, ConfigError
 from ..files import read_json
 from .client import ClusterBackend, connect
 from .coordinator import Coordinator
@@ -67,9 +71,20 @@ class LocalCluster:
         checkpoints: str | None = None,
         checkpoint_interval: float | None = None,
         coordinator_settings: dict[str, Any] | None = None,
+        coordinators: int = 1,
+        zookeeper: bool | str = False,
+        zookeeper_session_timeout: float = 1.5,
     ) -> None:
         """``secret``: a shared secret every connection must prove; ``tls``: {"cert", "key", "ca"} PEM
-        files used by every process (and ``ca`` by clients from ``connect()``)."""
+        files used by every process (and ``ca`` by clients from ``connect()``). ``zookeeper``: True starts a
+        ZooKeeper server for the cluster, a "host:port,..." string uses that one; ``coordinators`` > 1 needs it."""
+        if coordinators > 1 and not zookeeper:
+            raise ConfigError(f"{coordinators} coordinators need ZooKeeper to elect their leader: pass zookeeper=True")
+        self.coordinator_count = coordinators
+        self.zookeeper: str | None = zookeeper if isinstance(zookeeper, str) else None
+        self.zookeeper_server = None
+        self._start_zookeeper = zookeeper is True
+        self.zookeeper_session_timeout = zookeeper_session_timeout
         self.partitions = partitions
         self._initial_nodes = nodes
         self._own_root = root is None
@@ -95,17 +110,25 @@ class LocalCluster:
 
     # -- life cycle --------------------------------------------------------
 
-    def _coordinator_config(self, port: int) -> CoordinatorConfig:
+    def _coordinator_config(self, port: int, index: int = 0) -> CoordinatorConfig:
+        ha = {"zookeeper": self.zookeeper, "zookeeper_session_timeout": self.zookeeper_session_timeout} if self.zookeeper else {}
         return CoordinatorConfig(
-            host="127.0.0.1", port=port, data_dir=os.path.join(self.root, "coordinator"),
+            host="127.0.0.1", port=port, data_dir=os.path.join(self.root, f"coordinator{index or ''}"),
             partitions=self.partitions, heartbeat_timeout=self.heartbeat_timeout, security=self.security,
             checkpoints=self.checkpoints, checkpoint_interval=self.checkpoint_interval,
-            **{"http_port": 0, **self.coordinator_settings},
+            **{"http_port": 0, **ha, **self.coordinator_settings},
         )
 
     def start(self) -> "LocalCluster":
         try:
-            self.address = self._runner.start_coordinator(self._coordinator_config(0))
+            if self._start_zookeeper:
+                from ..testing.zookeeper import ZooKeeperServer
+
+                self.zookeeper_server = ZooKeeperServer(os.path.join(self.root, "zookeeper")).start()
+                self.zookeeper = self.zookeeper_server.hosts
+            self.coordinator_addresses = [self._runner.start_coordinator(self._coordinator_config(0, i), i)
+                                          for i in range(self.coordinator_count)]
+            self.address = ",".join(self.coordinator_addresses)
             for _ in range(self._initial_nodes):
                 self.add_node(wait=False)
             self.wait_balanced()
@@ -115,7 +138,11 @@ class LocalCluster:
         return self
 
     def close(self) -> None:
-        self._runner.close()
+        try:
+            self._runner.close()
+        finally:
+            if self.zookeeper_server is not None:
+                self.zookeeper_server.stop()
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
 
@@ -125,13 +152,24 @@ class LocalCluster:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def kill_coordinator(self) -> None:
-        """SIGKILL (or, in-process, an abrupt stop) of the coordinator; nodes keep serving."""
-        self._runner.kill_coordinator()
+    def kill_coordinator(self, index: int = 0) -> None:
+        """SIGKILL (or, in-process, an abrupt stop) of a coordinator; nodes keep serving."""
+        self._runner.kill_coordinator(index)
 
-    def restart_coordinator(self) -> None:
-        """Start the coordinator again on the same port, from its persisted state."""
-        self._runner.start_coordinator(self._coordinator_config(int(self.address.rsplit(":", 1)[1])))
+    def restart_coordinator(self, index: int = 0) -> None:
+        """Start a coordinator again on the same port, from its persisted state."""
+        port = int(self.coordinator_addresses[index].rsplit(":", 1)[1])
+        self._runner.start_coordinator(self._coordinator_config(port, index), index)
+
+    def leader(self) -> int:
+        """The index of the leading coordinator (in ``coordinator_addresses``)."""
+        return self.coordinator_addresses.index(self.status()["coordinators"]["leader"])
+
+    def kill_leader(self) -> int:
+        """SIGKILL the leading coordinator; answers its index (``restart_coordinator(index)`` brings it back)."""
+        index = self.leader()
+        self.kill_coordinator(index)
+        return index
 
     @property
     def status_url(self) -> str | None:
@@ -147,7 +185,7 @@ class LocalCluster:
         return connect(self.address, **{**self._client_options(), **options})
 
     def status(self) -> dict:
-        backend = ClusterBackend(self.address, **self._client_options())
+        backend = ClusterBackend(self.address, wait=self.zookeeper is not None, **self._client_options())  # an election may be under way
         try:
             return backend.status()
         finally:
@@ -213,7 +251,7 @@ class _ProcessRunner:
         self.root = root
         self.logs = os.path.join(root, "logs")
         os.makedirs(self.logs, exist_ok=True)
-        self.coordinator: subprocess.Popen | None = None
+        self.coordinators: dict[int, subprocess.Popen] = {}
         self.procs: dict[str, tuple[subprocess.Popen, NodeInfo]] = {}
 
     @staticmethod
@@ -242,9 +280,9 @@ class _ProcessRunner:
 
         return wait_until(ready, START_TIMEOUT, f"{what} to start")
 
-    def start_coordinator(self, config: CoordinatorConfig) -> str:
-        self.coordinator = self._spawn(["coordinator", *self._flags(config)], "coordinator.log")
-        return self._address_of(self.coordinator, config.data_dir, "the coordinator")["address"]
+    def start_coordinator(self, config: CoordinatorConfig, index: int = 0) -> str:
+        proc = self.coordinators[index] = self._spawn(["coordinator", *self._flags(config)], f"coordinator{index or ''}.log")
+        return self._address_of(proc, config.data_dir, "the coordinator")["address"]
 
     def start_node(self, config: NodeConfig) -> NodeInfo:
         proc = self._spawn(["node", *self._flags(config)], f"{os.path.basename(config.data_dir)}.log")
@@ -273,22 +311,22 @@ class _ProcessRunner:
         proc, _ = self.procs.pop(info.node_id)
         _kill(proc)
 
-    def kill_coordinator(self) -> None:
-        if self.coordinator is not None:
-            _kill(self.coordinator)
-            self.coordinator = None
+    def kill_coordinator(self, index: int) -> None:
+        proc = self.coordinators.pop(index, None)
+        if proc is not None:
+            _kill(proc)
 
     def close(self) -> None:
         for proc, _ in self.procs.values():
             _kill(proc)
         self.procs.clear()
-        if self.coordinator is not None:
-            self.coordinator.terminate()
+        for proc in self.coordinators.values():
+            proc.terminate()
             try:
-                self.coordinator.wait(10)
+                proc.wait(10)
             except subprocess.TimeoutExpired:
-                _kill(self.coordinator)
-            self.coordinator = None
+                _kill(proc)
+        self.coordinators.clear()
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -304,17 +342,17 @@ class _ThreadRunner:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="rockstate-local-cluster", daemon=True)
         self.thread.start()
-        self.coordinator: Coordinator | None = None
+        self.coordinators: dict[int, Coordinator] = {}
         self.nodes: dict[str, Node] = {}
 
     def _run(self, coro, timeout: float = START_TIMEOUT):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-    def start_coordinator(self, config: CoordinatorConfig) -> str:
+    def start_coordinator(self, config: CoordinatorConfig, index: int = 0) -> str:
         async def start():
-            self.coordinator = Coordinator(config)
-            await self.coordinator.start()
-            return self.coordinator.address
+            coordinator = self.coordinators[index] = Coordinator(config)
+            await coordinator.start()
+            return coordinator.address
 
         return self._run(start())
 
@@ -337,17 +375,17 @@ class _ThreadRunner:
     def kill_node(self, info: NodeInfo) -> None:
         self._run(self.nodes.pop(info.node_id).stop())
 
-    def kill_coordinator(self) -> None:
-        if self.coordinator is not None:
-            self._run(self.coordinator.stop())
-            self.coordinator = None
+    def kill_coordinator(self, index: int) -> None:
+        coordinator = self.coordinators.pop(index, None)
+        if coordinator is not None:
+            self._run(coordinator.stop())
 
     def close(self) -> None:
         async def stop_all():
             for node in self.nodes.values():
                 await node.stop()
-            if self.coordinator is not None:
-                await self.coordinator.stop()
+            for coordinator in self.coordinators.values():
+                await coordinator.stop()
 
         try:
             self._run(stop_all())

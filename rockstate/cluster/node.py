@@ -38,6 +38,7 @@ from . import datadir, protocol as p
 from .gate import Gate
 from .identity import advertised_address
 from .ingest import SstIngestor
+from .leader import AsyncCoordinatorChannel
 from .metrics import NodeMetrics
 from .moves import NodeMoves
 from .security import Security
@@ -78,7 +79,7 @@ class Node:
         self.security = Security.from_config(config.security)
         self.server = Server(self.metrics.timed(self.handlers), config.host, config.port, name="node",
                              inline=(p.Read, p.Write, p.Scan), ssl=self.security.server_ssl, secret=self.security.secret)
-        self.coordinator = self._peer(config.coordinator, timeout=30.0)
+        self.coordinator = AsyncCoordinatorChannel(config.coordinator, lambda address: self._peer(address, timeout=30.0))
         self._heartbeat: asyncio.Task | None = None
         self._table_lock = asyncio.Lock()
         self.stopped = asyncio.Event()
@@ -182,7 +183,7 @@ class Node:
             except UnknownNodeError:  # it forgot us (we had left): join again
                 await self._register()
             except RockstateError as e:
-                log.warning("heartbeat to %s failed: %s", self.config.coordinator, e)
+                log.warning("heartbeat to %s failed: %s", self.coordinator.address, e)
 
     # -- the table -----------------------------------------------------------
 

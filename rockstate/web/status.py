@@ -91,6 +91,7 @@ async def cluster_status(coordinator) -> dict:
     return {
         **status,
         "states": len(c.specs),
+        "coordinators": await c.coordinators(),
         "moves": _moves(events),
         "failovers": sorted(c.failovers),
         "events": events[-EVENTS:],

@@ -82,7 +82,7 @@ def test_failover_waits_out_a_failing_storage_and_never_serves_an_older_state(tm
     restore is retried, and once the storage works they come back with exactly the checkpoint's contents."""
     with LocalCluster(nodes=3, partitions=6, root=str(tmp_path), checkpoints=f"faulty::file://{tmp_path}/chk",
                       heartbeat_timeout=1.0, processes=False) as cluster:
-        fs = cluster._runner.coordinator.checkpoints.storage.fs  # one instance, shared by the in-process nodes
+        fs = cluster._runner.coordinators[0].checkpoints.storage.fs  # one instance, shared by the in-process nodes
         fs.plan = FaultPlan()
         with cluster.connect(retry_timeout=1) as rs:
             s = rs.value_state("durable")

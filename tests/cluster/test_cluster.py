@@ -165,7 +165,7 @@ def test_coordinator_restart_resumes_the_same_table(tmp_path):
         with cluster.connect() as rs:
             rs.value_state("kept").put_many({i: i for i in range(100)})
             before = rs.backend.refresh()
-        old_pid = cluster._runner.coordinator.pid
+        old_pid = cluster._runner.coordinators[0].pid
         cluster.kill_coordinator()
         assert not pid_alive(old_pid)
         cluster.restart_coordinator()
@@ -178,7 +178,7 @@ def test_coordinator_restart_resumes_the_same_table(tmp_path):
 
 def test_no_process_outlives_the_cluster(tmp_path):
     with LocalCluster(nodes=2, partitions=4, root=str(tmp_path)) as cluster:
-        pids = [n.pid for n in cluster.nodes()] + [cluster._runner.coordinator.pid]
+        pids = [n.pid for n in cluster.nodes()] + [cluster._runner.coordinators[0].pid]
         assert all(pid_alive(pid) for pid in pids)
     assert not any(pid_alive(pid) for pid in pids)
 
@@ -187,7 +187,7 @@ def test_cleanup_after_a_failing_test_body(tmp_path):
     pids = []
     with pytest.raises(RuntimeError):
         with LocalCluster(nodes=1, partitions=2, root=str(tmp_path)) as cluster:
-            pids = [cluster.nodes()[0].pid, cluster._runner.coordinator.pid]
+            pids = [cluster.nodes()[0].pid, cluster._runner.coordinators[0].pid]
             raise RuntimeError("test failed")
     assert pids and not any(pid_alive(pid) for pid in pids)
 

@@ -1,0 +1,126 @@
+"""Three coordinators on a real ZooKeeper, every part a real process: the leader killed with SIGKILL at the worst moments.
+
+Sessions last 1.5 s (LocalCluster's default with ZooKeeper); the heartbeat
+timeout is 4 s, so a node's lease (2 s) outlasts a takeover and the data
+path only waits.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from rockstate import LocalCluster
+from rockstate.cluster import protocol as p
+from rockstate.cluster.local import wait_until
+from rockstate.rpc.client import Channel
+from rockstate.testing.history import History, check_history
+from tests.cluster.test_linearizability import Workload, keys_for
+
+SESSION = 1.5
+
+
+def ha_cluster(tmp_path, zookeeper, nodes: int = 3, **options) -> LocalCluster:
+    return LocalCluster(nodes=nodes, partitions=8, root=str(tmp_path / "cluster"), coordinators=3,
+                        zookeeper=zookeeper.hosts, zookeeper_session_timeout=SESSION, heartbeat_timeout=4.0,
+                        coordinator_settings={"cluster_name": f"ha-{uuid.uuid4().hex[:8]}"}, **options)
+
+
+def new_leader(cluster: LocalCluster, killed: int, timeout: float) -> float:
+    """Seconds until a coordinator other than ``killed`` leads and answers."""
+    started = time.monotonic()
+    wait_until(lambda: cluster.status()["coordinators"]["leader"] not in (None, cluster.coordinator_addresses[killed]),
+               timeout, "a standby to lead")
+    return time.monotonic() - started
+
+
+def owners_as_the_nodes_see_them(cluster: LocalCluster) -> dict[int, list[str]]:
+    """Each partition with every node that holds itself its owner: never more than one."""
+    owners: dict[int, list[str]] = {}
+    for node in cluster.nodes():
+        with Channel(node.address) as channel:
+            for pid in channel.call(p.NodeStats())["partitions"]:
+                owners.setdefault(int(pid), []).append(node.node_id)
+    return owners
+
+
+def events_of(cluster: LocalCluster) -> list[str]:
+    return [e["event"] for e in cluster.status()["events"]]
+
+
+@pytest.mark.timeout(120)
+def test_kill_9_of_the_leader_under_steady_writes_a_standby_leads_and_nothing_is_violated(tmp_path, zookeeper):
+    history = History()
+    with ha_cluster(tmp_path, zookeeper) as cluster, cluster.connect() as admin:
+        keys = keys_for(admin)
+        epoch = cluster.status()["epoch"]
+        with Workload(cluster, history, keys) as load:
+            load.wait_ops(30)
+            killed = cluster.kill_leader()
+            took = new_leader(cluster, killed, SESSION + 5)
+            load.wait_ops(30)  # the clients followed the new leader, and the nodes kept serving
+        status = cluster.status()
+        survivors = [a for i, a in enumerate(cluster.coordinator_addresses) if i != killed]
+        assert sorted([status["coordinators"]["leader"], *status["coordinators"]["standbys"]]) == sorted(survivors)
+        assert [n["status"] for n in status["nodes"]] == ["alive"] * 3  # every node heartbeats to the new leader
+        wait_until(lambda: "coordinator_resumed" in events_of(cluster), 10, "the new leader to resume")
+        assert cluster.status()["epoch"] > epoch and "member_dead" not in events_of(cluster)
+    report = check_history(history.operations())
+    assert report.ok, report.violations[:3]
+    assert load.kinds()["write"] > 0 and took <= SESSION + 1.0 + 1.0  # + 1 s of polling status through a new client
+
+
+@pytest.mark.timeout(120)
+def test_the_leader_killed_mid_move_the_new_leader_finishes_and_no_partition_has_two_owners(tmp_path, zookeeper):
+    orders = {str(uuid.UUID(int=i)): {"amount": f"{i}.{i % 100:02d}", "placed": f"2026-11-{1 + i % 28:02d}"} for i in range(3000)}
+    with ha_cluster(tmp_path, zookeeper, nodes=1) as cluster, cluster.connect() as rs:
+        rs.value_state("orders").put_many(orders)
+        cluster.add_node(wait=False)  # half the partitions move to it
+        wait_until(lambda: "migration_started" in events_of(cluster), 20, "a move to begin")
+        killed = cluster.kill_leader()
+        new_leader(cluster, killed, SESSION + 5)
+        cluster.wait_balanced(30)
+        owners = owners_as_the_nodes_see_them(cluster)
+        assert sorted(owners) == list(range(8)) and all(len(o) == 1 for o in owners.values()), owners
+        assert rs.value_state("orders").get_many(list(orders)) == list(orders.values())
+        assert {n["status"] for n in cluster.status()["nodes"]} == {"alive"}
+
+
+@pytest.mark.timeout(120)
+def test_the_leader_killed_mid_failover_the_new_leader_restores_and_no_partition_has_two_owners(tmp_path, zookeeper):
+    orders = {("customer", i): {"order": str(uuid.UUID(int=i)), "amount": f"{i}.50"} for i in range(2000)}
+    with ha_cluster(tmp_path, zookeeper, checkpoints=f"file://{tmp_path}/checkpoints") as cluster, cluster.connect() as rs:
+        rs.value_state("orders").put_many(orders)
+        rs.checkpoint()
+        victim = cluster.nodes()[0].node_id
+        cluster.kill_node(victim)
+        wait_until(lambda: "member_dead" in events_of(cluster), 20, "the node to be declared dead")
+        killed = cluster.kill_leader()  # its partitions are being restored elsewhere, or about to be
+        new_leader(cluster, killed, SESSION + 5)
+        wait_until(lambda: not cluster.status()["failovers"] and cluster.status()["unavailable"] == 0, 30,
+                   "the new leader to finish the failover")
+        owners = owners_as_the_nodes_see_them(cluster)
+        assert sorted(owners) == list(range(8)) and all(len(o) == 1 and o != [victim] for o in owners.values()), owners
+        assert rs.value_state("orders").get_many(list(orders)) == list(orders.values())  # all in the checkpoint
+
+
+@pytest.mark.timeout(120)
+def test_a_zookeeper_restart_loses_nothing_and_the_cluster_serves_again(tmp_path):
+    orders = {f"order-{i:05d}": {"amount": f"{i}.25"} for i in range(500)}
+    with LocalCluster(nodes=2, partitions=8, root=str(tmp_path / "cluster"), coordinators=3, zookeeper=True,
+                      zookeeper_session_timeout=SESSION, heartbeat_timeout=4.0) as cluster, cluster.connect() as rs:
+        state = rs.value_state("orders")
+        state.put_many(orders)
+        leader, epoch = cluster.status()["coordinators"]["leader"], cluster.status()["epoch"]
+        elections = events_of(cluster).count("coordinator_elected")
+        cluster.zookeeper_server.restart(kill=True)
+        later = {f"order-{i:05d}": {"amount": f"{i}.75"} for i in range(500, 800)}
+        state.put_many(later)  # the data path waits at most while leases lapse, then serves
+        # the leader lost touch, stopped, and led again after loading the documents (or a standby did)
+        wait_until(lambda: events_of(cluster).count("coordinator_elected") > elections, 20, "a coordinator to lead again")
+        status = cluster.status()
+        assert status["epoch"] >= epoch and status["coordinators"]["leader"] in cluster.coordinator_addresses
+        assert state.get_many(list({**orders, **later})) == list({**orders, **later}.values())
+        assert leader in [status["coordinators"]["leader"], *status["coordinators"]["standbys"]]
