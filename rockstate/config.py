@@ -191,7 +191,7 @@ class CoordinatorConfig(Settings):
     checkpoints: CheckpointConfig | None = Field(None, description="checkpoint storage URL (file:///..., s3://bucket/prefix); None: no checkpoints")  # the checkpoint_* settings too
     security: SecurityConfig = Field(default_factory=SecurityConfig, description="the settings secret_file and tls_*_file")
     zookeeper: str | None = Field(None, description="ZooKeeper's host:port[,host:port...]: one of several coordinators, the elected one leads and the control plane lives in ZooKeeper under /rockstate/<cluster_name> (None: a single coordinator with its data directory)")
-    zookeeper_session_timeout: float = Field(10.0, gt=0, description="seconds ZooKeeper keeps a silent coordinator's session: a standby leads this long after the leader dies; keep it below heartbeat_timeout / 2 so nodes keep serving through a leader change")
+    zookeeper_session_timeout: float = Field(4.0, gt=0, description="seconds ZooKeeper keeps a silent coordinator's session (at least twice the servers' tickTime): a standby leads about this long after the leader dies; below heartbeat_timeout / 2 nodes keep serving through a leader change, above it the data path waits meanwhile")
 
 
 class NodeConfig(Settings):

@@ -36,12 +36,12 @@ from ..web import StatusServer
 from . import datadir, protocol as p
 from .answers import ClusterAnswers
 from .checkpointing import ClusterCheckpoints
+from .election import Election
 from .identity import refuse_takeover
+from .leading import Leading
 from .metrics import CoordinatorMetrics
 from .moves import run_move
 from .peers import Peer, Peers
-from .election import Election
-from .leading import Leading
 from .persistence import DataDirectory, ZooKeeperDocuments
 from .security import Security
 from .table import Table
@@ -178,13 +178,10 @@ class Coordinator(ClusterAnswers, Leading):
         if self.checkpoints is not None and self.checkpoint_config.interval:
             self._spawn(self.checkpoints.periodic())
 
-    async def _halt(self) -> None:
+    async def stop(self) -> None:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    async def stop(self) -> None:
-        await self._halt()
         if self.election is not None:
             await self.election.stop()
         await self.server.stop()

@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 
 class Leading:
-    """A part of ``Coordinator`` (it has ``role``, ``election``, ``persistence``, ``_load``, ``_begin``, ``_halt``)."""
+    """A part of ``Coordinator`` (it has ``role``, ``election``, ``persistence``, ``_tasks``, ``_load``, ``_begin``)."""
 
     def elected(self) -> None:
         self._turn(self.role.elected())

@@ -18,6 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--storage", default=None, help="checkpoint storage URL (default: a local directory), e.g. s3://bucket/demo")
     parser.add_argument("--no-failure", action="store_true", help="do not kill a node (the join still happens)")
     parser.add_argument("--files", type=int, default=FILES, help=f"files the stream arrives in, one micro-batch each (default {FILES})")
+    parser.add_argument("--ha", action="store_true",
+                        help="three coordinators on a ZooKeeper server (Debian's package); the leader is killed (SIGKILL) halfway")
     parser.add_argument("--spark-cluster", action="store_true",
                         help="run Spark as a standalone master and two workers (own JVMs, on 127.0.0.1) instead of local mode")
 

@@ -6,6 +6,8 @@ materializes a change-data-capture stream arriving as files: a rockstate
 processor keeps each key's latest sequence number, drops stale and duplicate
 events, and emits the changes through the exactly-once Parquet sink. A third
 of the way in, a state node is killed (SIGKILL); two thirds in, a node joins.
+With ``--ha``, three coordinators run on ZooKeeper and the leader is killed
+(SIGKILL) halfway: a standby takes over and the pipeline carries on.
 At the end the materialized table is compared with the ground truth computed
 from the generated events: the exit code is 0 only if they are equal.
 """
@@ -44,8 +46,9 @@ class Demo:
             truth = ground_truth(events)
             progress.update(phase, completed=1, rate=f"{len(events):,} events, {len(truth):,} live rows")
             phase = progress.add_task(f"starting {a.nodes} state nodes", total=1, rate="")
+            ha = {"coordinators": 3, "zookeeper": True} if getattr(a, "ha", False) else {}
             with LocalCluster(nodes=a.nodes, partitions=24, root=os.path.join(self.root, "cluster"), checkpoints=self.storage,
-                              heartbeat_timeout=2.0) as cluster:
+                              heartbeat_timeout=4.0 if ha else 2.0, **ha) as cluster:  # with ha: leases outlast a takeover
                 progress.update(phase, completed=1, rate=cluster.address)
                 phase = progress.add_task("starting Spark", total=1, rate="")
                 with contextlib.ExitStack() as stack:
@@ -83,6 +86,10 @@ class Demo:
             self.facts.update(killed=victim.node_id, killed_at=time.time())
             cluster.kill_node(victim.node_id)  # SIGKILL, after the batch was staged, before it commits
             progress.console.print(f"  [red]killed state node {victim.node_id} (pid {victim.pid}) during batch {batch_id}[/]")
+        if getattr(a, "ha", False) and batch_id == a.files // 2 and "leader_killed" not in self.facts:
+            self.facts["leader_killed"] = cluster.coordinator_addresses[cluster.kill_leader()]
+            progress.console.print(f"  [red]killed the leading coordinator {self.facts['leader_killed']} during batch {batch_id}[/]")
+            threading.Thread(target=self.takeover, args=(cluster, time.monotonic()), daemon=True).start()
         if batch_id == join_at and "joined" not in self.facts:
             self.facts["joined"] = "starting"
             threading.Thread(target=self.join, args=(cluster, progress), daemon=True).start()
@@ -131,6 +138,12 @@ class Demo:
             while self.facts["joined"] == "starting" and time.monotonic() < deadline:
                 time.sleep(0.1)
 
+    def takeover(self, cluster: LocalCluster, killed_at: float) -> None:
+        from ..cluster.local import wait_until
+
+        wait_until(lambda: cluster.status()["coordinators"]["leader"] not in (None, self.facts["leader_killed"]), 60, "a standby to lead")
+        self.facts.update(new_leader=cluster.status()["coordinators"]["leader"], takeover_seconds=time.monotonic() - killed_at)
+
     def join(self, cluster: LocalCluster, progress: Progress) -> None:
         info = cluster.add_node()
         self.facts["joined"] = info.node_id
@@ -166,6 +179,9 @@ class Demo:
         else:
             failover = "no failure (--no-failure)"
         table.add_row("failover", failover)
+        if "leader_killed" in f:
+            table.add_row("coordinators", f"leader {f['leader_killed']} killed; {f.get('new_leader', 'no standby')} led "
+                          + (f"{f['takeover_seconds']:.2f} s later" if "takeover_seconds" in f else "(not seen)"))
         window = f.get("max_window")
         table.add_row("migration", f"{f['moved']} partitions moved to {f.get('joined')}, largest write-blocked window "
                       + (f"{window * 1000:.0f} ms" if window is not None else "-"))

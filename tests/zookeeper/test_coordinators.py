@@ -124,3 +124,24 @@ def test_a_zookeeper_restart_loses_nothing_and_the_cluster_serves_again(tmp_path
         assert status["epoch"] >= epoch and status["coordinators"]["leader"] in cluster.coordinator_addresses
         assert state.get_many(list({**orders, **later})) == list({**orders, **later}.values())
         assert leader in [status["coordinators"]["leader"], *status["coordinators"]["standbys"]]
+
+
+@pytest.mark.timeout(120)
+def test_zookeeper_away_for_longer_than_a_session_the_data_path_waits_and_nobody_is_declared_dead(tmp_path):
+    """Every process cut off from ZooKeeper: the leader stops renewing leases at once (it may have been
+    replaced), the nodes stop serving when theirs run out, and all of it comes back with ZooKeeper."""
+    orders = {("customer", i): {"amount": f"{i}.10", "placed": "2026-11-23T10:00:00Z"} for i in range(400)}
+    with LocalCluster(nodes=2, partitions=8, root=str(tmp_path / "cluster"), coordinators=3, zookeeper=True,
+                      zookeeper_session_timeout=SESSION, heartbeat_timeout=4.0) as cluster, cluster.connect() as rs:
+        state = rs.value_state("orders")
+        state.put_many(orders)
+        cluster.zookeeper_server.stop(kill=True)
+        time.sleep(3 * SESSION)  # the outage itself: longer than a session and a node's lease
+        cluster.zookeeper_server.start()
+        later = {("customer", i): {"amount": f"{i}.20"} for i in range(400, 600)}
+        state.put_many(later)  # waits (at most retry_timeout) for a leader to renew the nodes' leases
+        assert state.get_many(list({**orders, **later})) == list({**orders, **later}.values())
+        events = events_of(cluster)
+        assert "member_dead" not in events and "partition_restored" not in events
+        owners = owners_as_the_nodes_see_them(cluster)
+        assert sorted(owners) == list(range(8)) and all(len(o) == 1 for o in owners.values()), owners
