@@ -12,8 +12,9 @@ $(STAMP): pyproject.toml scripts/setup.sh
 
 setup: $(STAMP)
 
+# two workers, a module per worker (tests/conftest.py queues the long modules first)
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 demo: setup
 	$(PY) -m rockstate.cli demo

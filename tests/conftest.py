@@ -1,0 +1,25 @@
+"""Suite-wide: the longest modules start first.
+
+``make test`` runs the suite on two workers (``pytest -n 2 --dist loadfile``), each module on one
+worker. A long module started last would leave the other worker idle at the end, so the known long
+ones are queued first; every other module keeps its place. The Spark modules stay next to each other
+so a worker starts its Spark session once.
+"""
+
+LONGEST_FIRST = (
+    "tests/test_demo.py",
+    "tests/chaos/",
+    "tests/test_readme.py",
+    "tests/test_soak.py",
+    "tests/spark/",
+    "tests/test_keys_spark.py",
+)
+
+
+def _rank(item) -> int:
+    path = item.nodeid.split("::", 1)[0]
+    return next((i for i, prefix in enumerate(LONGEST_FIRST) if path.startswith(prefix)), len(LONGEST_FIRST))
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=_rank)  # stable: the order within a rank is the collection order
