@@ -30,6 +30,7 @@ soak: setup
 chaos: setup
 	$(PY) -m rockstate.testing.chaos --seed 1 2 3 4 5 --events 40000 --files 20 --rounds 2
 	$(PY) -m rockstate.testing.chaos --seed 6 7 --events 40000 --files 20 --rounds 2 --storage s3
+	$(PY) -m rockstate.testing.chaos --seed 8 9 --events 40000 --files 20 --rounds 2 --ha
 
 # the demo's pipeline on a standalone Spark master + two workers, and through Spark Connect (a few minutes)
 spark-cluster: setup

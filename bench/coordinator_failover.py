@@ -90,7 +90,7 @@ def until_new_table(backend: ClusterBackend, epoch: int, since: float) -> float:
         time.sleep(0.02)
 
 
-def run(ha: bool) -> tuple[list[float], int, int, float]:
+def run(ha: bool) -> tuple[list[float], int, int, float, list[str]]:
     options = {"coordinators": 3, "zookeeper": True, "zookeeper_session_timeout": SESSION} if ha else {}
     times = []
     with tempfile.TemporaryDirectory(prefix="bench-failover-") as root, \
@@ -112,17 +112,20 @@ def run(ha: bool) -> tuple[list[float], int, int, float]:
                 calls = load.calls
                 wait_until(lambda: load.calls > calls + 10, 30, "the data path to go on")
         backend.close()
-    return times, load.calls, len(load.failed), load.slowest
+    return times, load.calls, len(load.failed), load.slowest, load.failed
 
 
 def main() -> None:
     ha, single = run(ha=True), run(ha=False)
     rows = []
-    for name, (times, calls, failed, slowest) in (("3 coordinators + ZooKeeper", ha), ("1 coordinator, restarted", single)):
+    for name, (times, calls, failed, slowest, _) in (("3 coordinators + ZooKeeper", ha), ("1 coordinator, restarted", single)):
         rows.append([name, len(times), statistics.median(times), min(times), max(times), calls, failed, slowest])
     print_table(f"coordinator failover: kill -9 of the leader -> first new table a client sees "
                 f"(3 nodes, P=16, heartbeat_timeout 4 s, ZooKeeper session {SESSION:g} s)",
                 ["set-up", "runs", "median s", "min s", "max s", "data-path calls", "failed", "slowest call s"], rows)
+    for name, result in (("HA", ha), ("restart", single)):
+        for failure in sorted(set(result[4]))[:5]:
+            print(f"failed ({name}): {failure}")
     goal = SESSION + 1.0
     print(f"HA median / restart median: {statistics.median(ha[0]) / statistics.median(single[0]):.2f}; "
           f"goal (HA median <= {goal:g} s, no failed call): {'met' if statistics.median(ha[0]) <= goal and not ha[2] else 'NOT met'}")

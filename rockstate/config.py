@@ -200,7 +200,7 @@ class NodeConfig(Settings):
     flat: ClassVar = {"memory_bytes": ("store", "memory_bytes"), "ttl_sweep_interval": ("store", "ttl_sweep_interval"),
                       "request_window": ("store", "request_window"), **_SECURITY}
 
-    coordinator: str = Field("127.0.0.1:7700", description="the coordinator's host:port, or several coordinators' as host:port,host:port... (it follows the leader)")
+    coordinator: str = Field("127.0.0.1:7700", description="the coordinator's host:port; several coordinators' as host:port,host:port... or zk://zkhost:port,.../<cluster_name> (it follows the leader)")
     host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0: every interface)")
     advertise_host: str | None = Field(None, description="address clients and other nodes reach this node at (None: host; with a wildcard host, this machine's name)")
     port: int = Field(0, ge=0, le=65535, description="port to listen on (0: any free port)")

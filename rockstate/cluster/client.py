@@ -359,7 +359,7 @@ def connect(address: str, *, timeout: float = 30.0, retry_timeout: float = 30.0,
 
 
 connect.__doc__ = """A client of the cluster whose coordinator is at ``address`` ("host:port"; several coordinators
-as "host:port,host:port,...": it follows the leader).
+as "host:port,host:port,..." or "zk://zkhost:port,.../<cluster_name>": it follows the leader).
 
 Settings (docs/configuration.md lists them too):
 

@@ -19,7 +19,7 @@ from kazoo.client import KazooState
 from ..config import CoordinatorConfig
 from ..errors import NotLeaderError, ZooKeeperError
 from .persistence import ZooKeeperDocuments
-from .zkstore import ZooKeeperStore
+from .zkstore import Leadership, ZooKeeperStore
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,7 @@ class Election:
     def __init__(self, config: CoordinatorConfig) -> None:
         self.config = config
         self.store: ZooKeeperStore | None = None
+        self.leadership: Leadership | None = None  # from start(): until then it knows no leader
 
     async def start(self, identifier: str, contender: Contender) -> ZooKeeperDocuments:
         """Connect, and contend as ``identifier`` (the coordinator's address); answers the documents it keeps."""
@@ -68,7 +69,7 @@ class Election:
     async def coordinators(self) -> dict:
         """Who leads and who stands by, as ZooKeeper's election says."""
         try:
-            contenders = await asyncio.to_thread(self.leadership.contenders)
+            contenders = [] if self.leadership is None else await asyncio.to_thread(self.leadership.contenders)
         except ZooKeeperError as e:
             return {"leader": None, "standbys": [], "zookeeper": self.config.zookeeper, "error": str(e)}
         return {"leader": next(iter(contenders), None), "standbys": contenders[1:], "zookeeper": self.config.zookeeper}

@@ -1,7 +1,8 @@
 """Reaching the leading coordinator among several: members' and clients' channel to "the coordinator".
 
-Given ``host:port[,host:port...]``, a call goes to the coordinator believed to
-lead. A standby answers ``NotLeaderError`` naming the leader: the call follows
+Given ``host:port[,host:port...]`` (or ``zk://zkhost:port[,...]/<cluster>``:
+the coordinators contending in that cluster's election on ZooKeeper, read
+once), a call goes to the coordinator believed to lead. A standby answers ``NotLeaderError`` naming the leader: the call follows
 it. A standby that knows no leader yet (an election in progress) or a
 coordinator that cannot be reached: the next address is tried. After every
 address has had its turns, the call fails with a retryable
@@ -13,13 +14,31 @@ from __future__ import annotations
 
 from typing import Any, Callable, Generic, TypeVar
 
-from ..errors import ConnectionLostError, NotLeaderError, RockstateError
+from ..errors import ConfigError, ConnectionLostError, NotLeaderError, RockstateError
 from ..rpc.client import AsyncChannel, Channel
+
+ZK = "zk://"
 
 
 def coordinator_addresses(spec: str) -> list[str]:
-    """``"a:7700, b:7700"`` -> ["a:7700", "b:7700"]."""
+    """``"a:7700, b:7700"`` -> ["a:7700", "b:7700"]; ``"zk://zk1:2181,zk2:2181/orders"`` -> the contenders there."""
+    if spec.startswith(ZK):
+        return coordinators_on_zookeeper(spec)
     return [a.strip() for a in spec.split(",") if a.strip()] or [spec]
+
+
+def coordinators_on_zookeeper(spec: str) -> list[str]:
+    from .zkstore import ZooKeeperStore
+
+    hosts, _, cluster = spec[len(ZK):].partition("/")
+    if not hosts or not cluster:
+        raise ConfigError(f"{spec!r}: give ZooKeeper and the cluster as zk://host:port[,host:port...]/<cluster_name>")
+    with ZooKeeperStore(hosts, cluster, timeout=10.0) as store:
+        contenders = store.contenders()
+    if not contenders:
+        raise ConnectionLostError(f"no coordinator of cluster {cluster!r} contends on ZooKeeper {hosts}: start one "
+                                  "(rockstate coordinator --zookeeper ...), or check the cluster name", address=hosts)
+    return contenders
 
 
 class LeaderFinder:

@@ -144,6 +144,11 @@ class ZooKeeperStore:
         self._contenders.append(leadership)
         return leadership
 
+    def contenders(self) -> list[str]:
+        """The identifiers of the election's contenders (coordinators' addresses), the leader first."""
+        with self._translated("listing the election's contenders"):
+            return self.client.Lock(f"{self.root}/leader").contenders()
+
     def close(self) -> None:
         """Leave the election and end the session: its ephemeral znodes go at once (a successor takes over now)."""
         for leadership in self._contenders:
@@ -193,8 +198,7 @@ class Leadership:
 
     def contenders(self) -> list[str]:
         """Every contender's identifier, the leader first."""
-        with self.store._translated("listing the election's contenders"):
-            return self.store.client.Lock(self.path).contenders()
+        return self.store.contenders()
 
     def leader(self) -> str | None:
         return next(iter(self.contenders()), None)

@@ -8,7 +8,9 @@ While the exactly-once pipeline materializes the CDC stream, a chaos thread
 carries out a schedule drawn from the seed — per round, in a random order:
 SIGKILL of a state node and later its restart, a node added, a node removed
 gracefully, and the coordinator SIGKILLed and restarted after a pause — each
-a random delay after a random micro-batch. Meanwhile every checkpoint
+a random delay after a random micro-batch. With ``--ha`` there are three
+coordinators on ZooKeeper, and the one killed is the leader (a standby takes
+over; the killed one comes back as a standby). Meanwhile every checkpoint
 storage operation of every process may fail or slow down
 (``faults.FaultyFileSystem``: ``faulty::file://...``, ``faulty::s3://...``).
 
@@ -186,10 +188,10 @@ class ChaosRun(Demo):
             started = time.monotonic()
             cluster.stop_node(leaving)
             return f"removed node {leaving} gracefully (left in {time.monotonic() - started:.1f}s)"
-        cluster.kill_coordinator()
+        index = cluster.kill_leader() if self.args.ha else (cluster.kill_coordinator(), 0)[1]
         time.sleep(action.pause)  # the coordinator stays down this long
-        cluster.restart_coordinator()
-        return f"SIGKILL coordinator, restarted after {action.pause:.2f}s"
+        cluster.restart_coordinator(index)
+        return f"SIGKILL {'the leading ' if self.args.ha else ''}coordinator, restarted after {action.pause:.2f}s"
 
     # -- what happened, and the verdict ------------------------------------------------
 
@@ -230,7 +232,7 @@ class ChaosRun(Demo):
             injected.add_row(f"storage {what}: {n}")
         self.console.print(injected)
         seen = ", ".join(f"{name} {self.events[name]}" for name in (
-            "member_dead", "partition_restored", "failover_retry", "migration_finished", "coordinator_resumed",
+            "member_dead", "partition_restored", "failover_retry", "migration_finished", "coordinator_resumed", "coordinator_elected",
             "checkpoint_completed", "checkpoint_aborted") if self.events.get(name))
         self.console.print(f"cluster events: {seen}")
         for what, passed in self.checks:
@@ -265,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-rate", type=float, default=0.1, help="share of storage operations slowed down (default 0.1)")
     parser.add_argument("--latency", type=float, default=0.05, help="longest injected storage latency, seconds (default 0.05)")
     parser.add_argument("--storage", choices=["file", "s3"], default="file", help="checkpoints in a directory, or in S3 (moto's server)")
+    parser.add_argument("--ha", action="store_true", help="three coordinators on ZooKeeper: the leader is the one killed")
     args = parser.parse_args(argv)
     console = Console(width=160)
     failed = []

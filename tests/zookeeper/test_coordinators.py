@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from rockstate import LocalCluster
+from rockstate import LocalCluster, connect
 from rockstate.cluster import protocol as p
 from rockstate.cluster.local import wait_until
 from rockstate.rpc.client import Channel
@@ -86,6 +86,8 @@ def test_the_leader_killed_mid_move_the_new_leader_finishes_and_no_partition_has
         assert sorted(owners) == list(range(8)) and all(len(o) == 1 for o in owners.values()), owners
         assert rs.value_state("orders").get_many(list(orders)) == list(orders.values())
         assert {n["status"] for n in cluster.status()["nodes"]} == {"alive"}
+        with connect(f"zk://{zookeeper.hosts}/{cluster.coordinator_settings['cluster_name']}") as found:  # found through ZooKeeper
+            assert found.value_state("orders").get_many(list(orders)[:100]) == list(orders.values())[:100]
 
 
 @pytest.mark.timeout(120)
@@ -143,5 +145,27 @@ def test_zookeeper_away_for_longer_than_a_session_the_data_path_waits_and_nobody
         assert state.get_many(list({**orders, **later})) == list({**orders, **later}.values())
         events = events_of(cluster)
         assert "member_dead" not in events and "partition_restored" not in events
+        owners = owners_as_the_nodes_see_them(cluster)
+        assert sorted(owners) == list(range(8)) and all(len(o) == 1 for o in owners.values()), owners
+
+
+@pytest.mark.timeout(180)
+def test_a_three_server_ensemble_with_one_server_killed_keeps_the_cluster_serving_and_electing(tmp_path):
+    from rockstate.testing.zookeeper import ZooKeeperEnsemble
+
+    orders = {("customer", i): {"amount": f"{i}.30", "placed": "2026-11-23T11:00:00Z"} for i in range(300)}
+    with ZooKeeperEnsemble(str(tmp_path / "ensemble")) as ensemble, \
+            LocalCluster(nodes=2, partitions=8, root=str(tmp_path / "cluster"), coordinators=3, zookeeper=ensemble.hosts,
+                         zookeeper_session_timeout=SESSION, heartbeat_timeout=4.0) as cluster, cluster.connect() as rs:
+        state = rs.value_state("orders")
+        state.put_many(orders)
+        ensemble.servers[0].stop(kill=True)  # two of three still make a quorum; sessions on it move to the others
+        later = {("customer", i): {"amount": f"{i}.40"} for i in range(300, 450)}
+        state.put_many(later)
+        killed = cluster.kill_leader()  # and the survivors of the ensemble still elect a new leader
+        new_leader(cluster, killed, SESSION + 10)
+        state.put_many({("customer", 0): {"amount": "0.50"}})
+        expected = {**orders, **later, ("customer", 0): {"amount": "0.50"}}
+        assert state.get_many(list(expected)) == list(expected.values())
         owners = owners_as_the_nodes_see_them(cluster)
         assert sorted(owners) == list(range(8)) and all(len(o) == 1 for o in owners.values()), owners
