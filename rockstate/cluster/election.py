@@ -55,16 +55,18 @@ class Election:
         self.leadership = self.store.leadership(identifier, on_elected=post("elected"), on_deposed=post("deposed"))
         states = {KazooState.LOST: post("deposed"), KazooState.SUSPENDED: post("suspended"),
                   KazooState.CONNECTED: post("reconnected")}
-        self.store.client.add_listener(lambda state: states[state]())
-
-        def refused(error: Exception) -> None:
-            contender.deposed()  # stop acting now; the election hears of it through resign()
-            self.leadership.resign()
-
-        documents = ZooKeeperDocuments(self.store, self.leadership, refused)
+        self._listener = lambda state: states[state]()
+        self.store.client.add_listener(self._listener)
+        self.contender = contender
+        documents = ZooKeeperDocuments(self.store, self.leadership, lambda error: self.resign())
         self.leadership.start()
         log.info("coordinator %s contends for leadership on ZooKeeper %s", identifier, self.config.zookeeper)
         return documents
+
+    def resign(self) -> None:
+        """Stop acting now (a write was refused, or the documents could not be read) and contend again."""
+        self.contender.deposed()
+        self.leadership.resign()
 
     async def coordinators(self) -> dict:
         """Who leads and who stands by, as ZooKeeper's election says."""
@@ -83,4 +85,5 @@ class Election:
 
     async def stop(self) -> None:
         if self.store is not None:
+            self.store.client.remove_listener(self._listener)  # what closing the session says is not news
             await asyncio.to_thread(self.store.close)

@@ -39,9 +39,9 @@ class Leading:
     async def _lead(self, turn: int) -> None:
         try:
             saved = await asyncio.to_thread(self.persistence.load)
-        except Exception as e:  # ZooKeeper went away meanwhile: its news decides what comes next
-            log.warning("coordinator %s could not load the control plane's documents: %s", self.address, e)
-            self.role.suspended()
+        except Exception as e:  # give the lead up rather than hold the lock without leading
+            log.warning("coordinator %s could not load the control plane's documents (%s): it resigns", self.address, e)
+            self.election.resign()
             return
         if not self.role.loaded(turn):
             return

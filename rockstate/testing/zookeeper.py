@@ -17,6 +17,7 @@ as a machine of a real ensemble would.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -31,11 +32,15 @@ JARS = ("/usr/share/java/zookeeper.jar",)  # libzookeeper-java's manifest names 
 TICK_MS = 200
 
 
+_PROBE_LOG = logging.getLogger(__name__ + ".probe")
+_PROBE_LOG.setLevel(logging.CRITICAL)  # a refused probe is the expected answer while the server starts
+
+
 def _connects(hosts: str) -> bool:
     from kazoo.client import KazooClient
     from kazoo.handlers.threading import KazooTimeoutError
 
-    client = KazooClient(hosts, timeout=1.0, connection_retry={"max_tries": 0})
+    client = KazooClient(hosts, timeout=1.0, connection_retry={"max_tries": 0}, logger=_PROBE_LOG)
     try:
         client.start(timeout=1.0)
         return True
