@@ -27,10 +27,11 @@ KEEP = 1000  # events kept in memory and in the file after compaction
 
 
 class EventLog:
-    def __init__(self, path: str | None, events: list[dict] = ()) -> None:
+    def __init__(self, path: str | None, events: list[dict] = (), skip: int = 0) -> None:
+        """``skip``: numbers left out after the last event (ones a previous writer may have given away unkept)."""
         self.path = path
         self.events: deque[dict] = deque(self._read() if path else events, maxlen=KEEP)
-        self.seq = self.events[-1]["seq"] if self.events else 0
+        self.seq = (self.events[-1]["seq"] + skip) if self.events else 0
         if path:
             self._write_all()  # compaction: the file holds what memory holds
         self._appended = 0

@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 DOCUMENT_OF = {"members": "membership", "next_id": "membership"}  # sections kept together; any other: its own document
 EVENTS = "events"
 EVENT_WINDOW = 200  # events kept on ZooKeeper: what a new leader can still answer "events after N" from
+UNKEPT = 100  # event numbers a new leader skips: more than a leader appends between two saves of its events
 
 
 class DataDirectory:
@@ -78,7 +79,8 @@ class ZooKeeperDocuments:
             self._saved[name], self._versions[name] = doc.data, doc.version
             if name != EVENTS:
                 record.update(doc.data)
-        self.events = EventLog(None, self._saved.get(EVENTS, {}).get(EVENTS, []))
+        # a deposed leader may have numbered a few events it did not keep: numbers only grow
+        self.events = EventLog(None, self._saved.get(EVENTS, {}).get(EVENTS, []), skip=UNKEPT)
         self.events.on_append = self._events_appended
         self._record = record
         return record

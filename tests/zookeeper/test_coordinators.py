@@ -13,6 +13,7 @@ import uuid
 import pytest
 
 from rockstate import LocalCluster, connect
+from rockstate.cli import main
 from rockstate.cluster import protocol as p
 from rockstate.cluster.local import wait_until
 from rockstate.rpc.client import Channel
@@ -109,7 +110,7 @@ def test_the_leader_killed_mid_failover_the_new_leader_restores_and_no_partition
 
 
 @pytest.mark.timeout(120)
-def test_a_zookeeper_restart_loses_nothing_and_the_cluster_serves_again(tmp_path):
+def test_a_zookeeper_restart_loses_nothing_and_the_cluster_serves_again(tmp_path, capsys):
     orders = {f"order-{i:05d}": {"amount": f"{i}.25"} for i in range(500)}
     with LocalCluster(nodes=2, partitions=8, root=str(tmp_path / "cluster"), coordinators=3, zookeeper=True,
                       zookeeper_session_timeout=SESSION, heartbeat_timeout=4.0) as cluster, cluster.connect() as rs:
@@ -126,6 +127,9 @@ def test_a_zookeeper_restart_loses_nothing_and_the_cluster_serves_again(tmp_path
         assert status["epoch"] >= epoch and status["coordinators"]["leader"] in cluster.coordinator_addresses
         assert state.get_many(list({**orders, **later})) == list({**orders, **later}.values())
         assert leader in [status["coordinators"]["leader"], *status["coordinators"]["standbys"]]
+        capsys.readouterr()
+        main(["status", "--coordinator", cluster.address])  # the operator's view names them too
+        assert f"leader {status['coordinators']['leader']}" in " ".join(capsys.readouterr().out.split())
 
 
 @pytest.mark.timeout(120)

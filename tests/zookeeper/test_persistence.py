@@ -65,7 +65,8 @@ def test_a_record_round_trips_as_documents_and_only_changed_documents_are_writte
 
     reader = ZooKeeperDocuments(open_store(), leadership, lambda e: None)
     assert reader.load() == a_record(epoch=4)
-    assert [e["event"] for e in reader.events.after(0)] == ["member_joined"] and reader.events.seq == 1
+    assert [e["event"] for e in reader.events.after(0)] == ["member_joined"]
+    assert reader.events.append("member_left", node="node-1")["seq"] > 1 + 50  # past any the last leader gave unkept
 
 
 def test_the_event_window_is_kept_by_itself_and_bounded(leader):
