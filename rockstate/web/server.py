@@ -1,7 +1,8 @@
 """The coordinator's HTTP server: the status page (``/``), its JSON API and the coordinator's Prometheus metrics.
 
     GET /               the status page (static files in this package: no CDN, works offline)
-    GET /api/status     the cluster's status (``status.cluster_status``), as ``rockstate status --json`` prints it
+    GET /api/status     the cluster's status (``status.cluster_status``), as ``rockstate status --json`` prints it;
+                        a standby coordinator answers 503 with the leader's address
     GET /metrics        the coordinator's Prometheus metrics
     GET /healthz        "ok" while the coordinator serves
 
@@ -69,7 +70,11 @@ class StatusServer:
         return web.FileResponse(os.path.join(STATIC, "index.html"), headers={"Cache-Control": "no-cache"})
 
     async def status(self, request: web.Request) -> web.Response:
-        return web.json_response(await cluster_status(self.coordinator), headers={"Cache-Control": "no-store"})
+        c = self.coordinator
+        if not c.role.leading:  # a standby's state is not the cluster's: it names the leader instead
+            return web.json_response({"leading": False, "coordinators": await c.coordinators()}, status=503,
+                                     headers={"Cache-Control": "no-store"})
+        return web.json_response(await cluster_status(c), headers={"Cache-Control": "no-store"})
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.coordinator.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})

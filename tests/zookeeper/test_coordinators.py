@@ -7,7 +7,11 @@ path only waits.
 
 from __future__ import annotations
 
+import json
+import os
 import time
+import urllib.error
+import urllib.request
 import uuid
 
 import pytest
@@ -16,6 +20,7 @@ from rockstate import LocalCluster, connect
 from rockstate.cli import main
 from rockstate.cluster import protocol as p
 from rockstate.cluster.local import wait_until
+from rockstate.files import read_json
 from rockstate.rpc.client import Channel
 from rockstate.testing.history import History, check_history
 from tests.cluster.test_linearizability import Workload, keys_for
@@ -130,6 +135,11 @@ def test_a_zookeeper_restart_loses_nothing_and_the_cluster_serves_again(tmp_path
         capsys.readouterr()
         main(["status", "--coordinator", cluster.address])  # the operator's view names them too
         assert f"leader {status['coordinators']['leader']}" in " ".join(capsys.readouterr().out.split())
+        standby = cluster.coordinator_addresses.index(status["coordinators"]["standbys"][0])
+        url = read_json(os.path.join(cluster.root, f"coordinator{standby or ''}", "address.json"))["status_url"]
+        with pytest.raises(urllib.error.HTTPError) as answer:  # a standby's status page names the leader
+            urllib.request.urlopen(url + "api/status", timeout=10)
+        assert answer.value.code == 503 and json.load(answer.value)["coordinators"]["leader"] == status["coordinators"]["leader"]
 
 
 @pytest.mark.timeout(120)
