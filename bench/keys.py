@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
-from common import KEY_KINDS, make_keys, print_table  # noqa: E402
+from common import COMPARED_KINDS, make_keys, print_table  # noqa: E402
 from rockstate.keys import partition_of  # noqa: E402
 from rockstate.serde import encode_key  # noqa: E402
 from rockstate.states import prepare_keys  # noqa: E402
@@ -43,7 +43,7 @@ def best_us_per_key(fn, n: int) -> float:
 
 def forms(kind: str, keys: list) -> dict:
     out = {"list": keys}
-    if kind == "int":
+    if kind.startswith("int"):
         out["numpy"] = np.array(keys, dtype=np.int64)
     elif kind == "uuid":
         out["pandas Index"] = pd.Index(keys)
@@ -53,7 +53,7 @@ def forms(kind: str, keys: list) -> dict:
 
 def main() -> None:
     rows, int_list = [], None
-    for kind in KEY_KINDS:
+    for kind in COMPARED_KINDS:
         keys = make_keys(kind, N)
         expected = prepare_keys(keys, P, LIMIT)
         reference = best_us_per_key(lambda: ([encode_key(k) for k in keys], [partition_of(k, P) for k in keys]), N)

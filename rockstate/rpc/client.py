@@ -80,6 +80,7 @@ class _Connection:
                 sock.close()
             raise _transport_error(address, e, timeout) from e
         self._stream = self._sock.makefile("rb")
+        self._timeout = self._sock.gettimeout()
         self._poll = select.poll()
         self._poll.register(self._sock, select.POLLIN)
         self._ids = itertools.count()
@@ -99,7 +100,7 @@ class _Connection:
         rid = self.send(hello, timeout)
         waited = min(timeout, GREETING_TIMEOUT)
         try:
-            self._sock.settimeout(waited)
+            self._settimeout(waited)
             got = self._stream.read(len(MAGIC))
         except TimeoutError:
             raise no_greeting(self.address, waited) from None
@@ -116,17 +117,18 @@ class _Connection:
         return bool(self._poll.poll(0))
 
     def call(self, msg: Message, timeout: float) -> Any:
-        result = self.receive(self.send(msg, timeout), timeout + REPLY_GRACE)
+        """Send ``msg`` and return its result, or raise the server's error (one timeout for both ways)."""
+        result = self.receive(self.send(msg, timeout, timeout + REPLY_GRACE), timeout + REPLY_GRACE)
         if isinstance(result, RockstateError):
             raise result
         return result
 
-    def send(self, msg: Message, timeout: float) -> int:
+    def send(self, msg: Message, timeout: float, io_timeout: float | None = None) -> int:
         """Send ``msg`` with ``timeout`` as its deadline; return its request id."""
         rid = next(self._ids)
         frame = encode(request(rid, msg, timeout), self._max_frame)  # a too-large request spoils nothing
         with self._io(timeout):
-            self._sock.settimeout(timeout)
+            self._settimeout(timeout if io_timeout is None else io_timeout)
             self._sock.sendall(frame)
         self.busy = True  # a reply is on its way: nobody else may use the connection before it is read
         return rid
@@ -134,7 +136,7 @@ class _Connection:
     def receive(self, rid: int, timeout: float) -> Any:
         """The result of request ``rid``; a server error is returned, not raised."""
         with self._io(timeout):
-            self._sock.settimeout(max(timeout, 1e-3))  # 0 would mean non-blocking
+            self._settimeout(max(timeout, 1e-3))  # 0 would mean non-blocking
             got, result = parse_reply(read_frame_sync(self._stream, self._max_frame))
         self.busy = False
         if got != rid:
@@ -143,6 +145,11 @@ class _Connection:
                 return result  # the server closed the connection with this error
             raise ProtocolError(f"{self.address} answered request {got!r} instead of {rid}")
         return result
+
+    def _settimeout(self, timeout: float) -> None:
+        if timeout != self._timeout:  # each change is a system call
+            self._sock.settimeout(timeout)
+            self._timeout = timeout
 
     @contextlib.contextmanager
     def _io(self, timeout: float) -> Iterator[None]:

