@@ -208,7 +208,7 @@ def cmd_status(args: argparse.Namespace) -> None:
     console = _console()
     console.print(f"cluster at {args.coordinator}: {status['partitions']} partitions, table epoch {status['epoch']}, {status['states']} states")
     coordinators = status.get("coordinators")
-    if coordinators and coordinators.get("standbys") is not None and "zookeeper" in coordinators:
+    if coordinators and "zookeeper" in coordinators:  # several coordinators
         console.print(f"coordinators: leader {coordinators['leader'] or 'none elected'}; "
                       f"standbys {', '.join(coordinators['standbys']) or 'none'} (ZooKeeper {coordinators['zookeeper']})")
     unavailable = status.get("unavailable", status["unassigned"])

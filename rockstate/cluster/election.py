@@ -71,7 +71,9 @@ class Election:
     async def coordinators(self) -> dict:
         """Who leads and who stands by, as ZooKeeper's election says."""
         try:
-            contenders = [] if self.leadership is None else await asyncio.to_thread(self.leadership.contenders)
+            if self.leadership is None or not self.store.client.connected:
+                raise ZooKeeperError("not in touch with ZooKeeper" if self.leadership else "not contending yet")
+            contenders = await asyncio.to_thread(self.leadership.contenders)
         except ZooKeeperError as e:
             return {"leader": None, "standbys": [], "zookeeper": self.config.zookeeper, "error": str(e)}
         return {"leader": next(iter(contenders), None), "standbys": contenders[1:], "zookeeper": self.config.zookeeper}

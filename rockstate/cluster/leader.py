@@ -2,9 +2,10 @@
 
 Given ``host:port[,host:port...]`` (or ``zk://zkhost:port[,...]/<cluster>``:
 the coordinators contending in that cluster's election on ZooKeeper, read
-once), a call goes to the coordinator believed to lead. A standby answers ``NotLeaderError`` naming the leader: the call follows
-it. A standby that knows no leader yet (an election in progress) or a
-coordinator that cannot be reached: the next address is tried. After every
+once), a call goes to the coordinator believed to lead. A standby answers
+``NotLeaderError`` naming the leader: the call follows it. A standby that
+knows no leader yet (an election in progress) or a coordinator that cannot be
+reached: the next address is tried. After every
 address has had its turns, the call fails with a retryable
 ``ConnectionLostError`` (callers retry it, as for a restarting coordinator).
 With one address, errors are those of a plain channel.

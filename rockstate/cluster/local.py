@@ -156,10 +156,12 @@ class LocalCluster:
         """SIGKILL (or, in-process, an abrupt stop) of a coordinator; nodes keep serving."""
         self._runner.kill_coordinator(index)
 
-    def restart_coordinator(self, index: int = 0) -> None:
-        """Start a coordinator again on the same port, from its persisted state."""
+    def restart_coordinator(self, index: int = 0, **settings: Any) -> None:
+        """Start a coordinator again on the same port, from its persisted state; ``settings``: other
+        CoordinatorConfig fields for it (its own ``zookeeper`` address: a proxy, in tests)."""
         port = int(self.coordinator_addresses[index].rsplit(":", 1)[1])
-        self._runner.start_coordinator(self._coordinator_config(port, index), index)
+        config = self._coordinator_config(port, index).model_copy(update=settings)
+        self._runner.start_coordinator(config, index)
 
     def leader(self) -> int:
         """The index of the leading coordinator (in ``coordinator_addresses``)."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import threading
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 
 MAX_DOCUMENT = 1_000_000  # bytes; ZooKeeper's default jute.maxbuffer is 1 MiB per znode
 RECONNECT = {"max_tries": -1, "delay": 0.05, "backoff": 2, "max_delay": 1.0}
+_CONTENDER = re.compile(r"__lock__(\d{10})$")  # kazoo's lock recipe names its znodes so, with their sequence number
 _UNAVAILABLE = (ConnectionLoss, ConnectionClosedError, OperationTimeoutError, SessionExpiredError)
 
 
@@ -145,9 +147,26 @@ class ZooKeeperStore:
         return leadership
 
     def contenders(self) -> list[str]:
-        """The identifiers of the election's contenders (coordinators' addresses), the leader first."""
+        """The identifiers of the election's contenders (coordinators' addresses), the leader first.
+
+        As kazoo's ``Lock.contenders``, but each read waits at most ``timeout`` (kazoo's waits for a
+        reconnection however long it takes)."""
+        path = f"{self.root}/leader"
         with self._translated("listing the election's contenders"):
-            return self.client.Lock(f"{self.root}/leader").contenders()
+            try:
+                children = self.client.get_children_async(path).get(timeout=self.timeout)
+            except NoNodeError:
+                return []
+            queued = sorted((m.group(1), child) for child in children if (m := _CONTENDER.search(child)))
+            reads = [self.client.get_async(f"{path}/{child}") for _, child in queued]
+            identifiers = []
+            for read in reads:
+                try:
+                    data, _ = read.get(timeout=self.timeout)
+                except NoNodeError:  # it left meanwhile
+                    continue
+                identifiers.append(data.decode())
+            return identifiers
 
     def close(self) -> None:
         """Leave the election and end the session: its ephemeral znodes go at once (a successor takes over now)."""

@@ -29,9 +29,9 @@ SESSION = 1.5
 
 
 def ha_cluster(tmp_path, zookeeper, nodes: int = 3, **options) -> LocalCluster:
-    return LocalCluster(nodes=nodes, partitions=8, root=str(tmp_path / "cluster"), coordinators=3,
-                        zookeeper=zookeeper.hosts, zookeeper_session_timeout=SESSION, heartbeat_timeout=4.0,
-                        coordinator_settings={"cluster_name": f"ha-{uuid.uuid4().hex[:8]}"}, **options)
+    return LocalCluster(nodes=nodes, partitions=8, root=str(tmp_path / "cluster"), zookeeper=zookeeper.hosts,
+                        zookeeper_session_timeout=SESSION, heartbeat_timeout=4.0,
+                        coordinator_settings={"cluster_name": f"ha-{uuid.uuid4().hex[:8]}"}, **{"coordinators": 3, **options})
 
 
 def new_leader(cluster: LocalCluster, killed: int, timeout: float) -> float:
@@ -183,3 +183,39 @@ def test_a_three_server_ensemble_with_one_server_killed_keeps_the_cluster_servin
         assert state.get_many(list(expected)) == list(expected.values())
         owners = owners_as_the_nodes_see_them(cluster)
         assert sorted(owners) == list(range(8)) and all(len(o) == 1 for o in owners.values()), owners
+
+
+@pytest.mark.timeout(120)
+def test_a_leader_cut_off_from_zookeeper_but_not_from_the_nodes_steps_down_and_the_nodes_follow_its_successor(tmp_path, zookeeper):
+    from tests.cluster.test_partition import Link
+
+    orders = {str(uuid.UUID(int=i)): {"amount": f"{i}.60", "placed": "2026-11-23"} for i in range(300)}
+    link = Link(zookeeper.hosts)  # one coordinator reaches ZooKeeper only through this
+    try:
+        with ha_cluster(tmp_path, zookeeper, nodes=2, coordinators=2) as cluster, cluster.connect() as rs:
+            state = rs.value_state("orders")
+            state.put_many(orders)
+            linked = cluster.leader()
+            cluster.kill_coordinator(linked)
+            cluster.restart_coordinator(linked, zookeeper=link.address)  # back as the standby, through the link
+            cluster.restart_coordinator(cluster.kill_leader())  # it leads now; the other stands by
+            wait_until(lambda: cluster.leader() == linked, 10, "the linked coordinator to lead")
+            wait_until(lambda: "coordinator_resumed" in events_of(cluster)[-5:], 15, "it to resume")
+            epoch = cluster.status()["epoch"]
+
+            link.cut()  # the leader loses ZooKeeper, but nodes and clients still reach it
+            took = new_leader(cluster, linked, SESSION + 5)
+            later = {str(uuid.UUID(int=i)): {"amount": f"{i}.70"} for i in range(300, 400)}
+            state.put_many(later)  # the nodes heartbeat to the successor: their leases are renewed there
+            wait_until(lambda: cluster.status()["epoch"] > epoch, 15, "the successor to publish its table")
+            events = events_of(cluster)
+            assert "member_dead" not in events and {n["status"] for n in cluster.status()["nodes"]} == {"alive"}
+            assert state.get_many(list({**orders, **later})) == list({**orders, **later}.values())
+            owners = owners_as_the_nodes_see_them(cluster)
+            assert sorted(owners) == list(range(8)) and all(len(o) == 1 for o in owners.values()), owners
+            link.heal()  # its session expired meanwhile: it comes back as a standby
+            wait_until(lambda: cluster.coordinator_addresses[linked] in cluster.status()["coordinators"]["standbys"], 15,
+                       "the cut-off coordinator to stand by")
+            assert took <= SESSION + 1.0 + 1.0
+    finally:
+        link.close()
