@@ -48,6 +48,7 @@ from .table import Table
 log = logging.getLogger(__name__)
 
 REGISTER_RETRY = Retry(deadline=None, initial=0.05, maximum=0.5)  # the coordinator may not be up yet
+FAILED_HEARTBEAT_RETRY = 0.1  # seconds
 
 
 class Node:
@@ -172,18 +173,24 @@ class Node:
         self.stopped.set()
 
     async def _heartbeat_loop(self) -> None:
+        interval = min(self.config.heartbeat_interval, self.gate.ownership.lease / 3)  # a few tries per lease
+        failed = 0  # heartbeats in a row that got no answer
         while True:
-            await asyncio.sleep(min(self.config.heartbeat_interval, self.gate.ownership.lease / 3))  # a few tries per lease
+            # after a failure, soon again: a new leader elected meanwhile renews the lease sooner
+            await asyncio.sleep(min(interval, FAILED_HEARTBEAT_RETRY) if failed else interval)
             try:
                 sent = time.monotonic()
                 epoch = await self.coordinator.call(p.Heartbeat(node_id=self.node_id, epoch=self.table.epoch), timeout=5.0)
                 if epoch > self.table.epoch:
                     await self._apply(Table.from_wire(await self.coordinator.call(p.GetTable())))
                 self.gate.ownership.renewed(sent)  # renewed only with the table the coordinator has now
+                failed = 0
             except UnknownNodeError:  # it forgot us (we had left): join again
                 await self._register()
             except RockstateError as e:
-                log.warning("heartbeat to %s failed: %s", self.coordinator.address, e)
+                failed += 1
+                if failed == 1 or failed % 20 == 0:  # one line, then every few seconds, while it lasts
+                    log.warning("heartbeat to %s failed (%d in a row): %s", self.coordinator.address, failed, e)
 
     # -- the table -----------------------------------------------------------
 
