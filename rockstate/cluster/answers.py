@@ -17,20 +17,22 @@ from . import protocol as p
 
 class ClusterAnswers:
     """The coordinator's handlers for the catalog and cluster-wide questions (a part of ``Coordinator``, which has
-    the state they read: ``specs``, ``table``, ``membership``, ``peers``, ``events``, ``pipelines``, ``checkpoints``)."""
+    the state they read: ``specs``, ``table``, ``membership``, ``peers``, ``events``, ``pipelines``, ``checkpoints``,
+    and ``define_lock``)."""
 
     async def define_state(self, msg: p.DefineState, conn) -> dict:
         return (await self.define(StateSpec.from_dict(msg.spec))).to_dict()
 
     async def define(self, spec: StateSpec) -> StateSpec:
-        existing = self.specs.get(spec.name)
-        if existing is not None:
-            existing.check_same(spec)
-            return existing
-        self.specs[spec.name] = spec
-        await self._save()
-        await self._broadcast(p.NodeDefineState(spec=spec.to_dict()))
-        return spec
+        async with self.define_lock:  # a second definer answers once the first one's nodes know the state
+            existing = self.specs.get(spec.name)
+            if existing is not None:
+                existing.check_same(spec)
+                return existing
+            self.specs[spec.name] = spec
+            await self._save()
+            await self._broadcast(p.NodeDefineState(spec=spec.to_dict()))
+            return spec
 
     async def count(self, msg: p.Count, conn) -> int:
         if msg.state not in self.specs:

@@ -76,6 +76,7 @@ class Coordinator(ClusterAnswers, Leading):
         self.security = Security.from_config(config.security)
         self.peers = Peers(self.security)
         self.table_lock = asyncio.Lock()  # held while partitions move, and by checkpoints and restores
+        self.define_lock = asyncio.Lock()  # states are defined one at a time
         self._load(self.persistence.load() if self.election is None else {})
         self.handlers = {
             p.Register: self.register,

@@ -137,6 +137,13 @@ function events(s) {
 async function refresh() {
   try {
     const response = await fetch("api/status", { cache: "no-store" });
+    if (response.status === 503) {  // a standby coordinator: the cluster's state is the leader's
+      const c = (await response.json()).coordinators || {};
+      document.getElementById("updated").textContent =
+        `this coordinator stands by; the leader is ${c.leader || "not elected yet"} (its own status page shows the cluster)`;
+      setTimeout(refresh, REFRESH);
+      return;
+    }
     if (!response.ok) throw new Error(`${response.status} ${await response.text()}`);
     const s = await response.json();
     summary(s); nodes(s); partitionMap(s); checkpoints(s); pipelines(s); events(s);
