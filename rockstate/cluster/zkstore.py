@@ -2,7 +2,7 @@
 
 Everything lives under one root, ``/rockstate/<cluster>``::
 
-    /rockstate/<cluster>/docs/<name>     a JSON document (the table, membership, ...)
+    /rockstate/<cluster>/docs/<name>     a JSON document (the table, membership, ...); over 64 KiB, zlib-compressed
     /rockstate/<cluster>/leader/...      the election: one ephemeral sequential znode per contender
 
 A document is read with its ZooKeeper version and written back naming it: a
@@ -24,6 +24,7 @@ import json
 import logging
 import re
 import threading
+import zlib
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -37,6 +38,8 @@ from ..store.catalog import check_name
 log = logging.getLogger(__name__)
 
 MAX_DOCUMENT = 1_000_000  # bytes; ZooKeeper's default jute.maxbuffer is 1 MiB per znode
+COMPRESS_OVER = 64 * 1024  # bytes of JSON above which a document is kept zlib-compressed (a big P's table: ~20x smaller)
+ZLIB = b"z"  # the first byte of a compressed document; JSON's is "{"
 RECONNECT = {"max_tries": -1, "delay": 0.05, "backoff": 2, "max_delay": 1.0}
 _CONTENDER = re.compile(r"__lock__(\d{10})$")  # kazoo's lock recipe names its znodes so, with their sequence number
 _UNAVAILABLE = (ConnectionLoss, ConnectionClosedError, OperationTimeoutError, SessionExpiredError)
@@ -94,7 +97,7 @@ class ZooKeeperStore:
                 raw, stat = self.client.get_async(self._path(name)).get(timeout=self.timeout)
             except NoNodeError:
                 return None
-        return Document(json.loads(raw), stat.version)
+        return Document(json.loads(zlib.decompress(raw[1:]) if raw[:1] == ZLIB else raw), stat.version)
 
     def write(self, name: str, data: dict, version: int | None, fence: "Leadership | None" = None) -> Document:
         """Replace the document at ``version`` (None: create it); answers it with its new version.
@@ -107,7 +110,8 @@ class ZooKeeperStore:
         """Replace several documents in one transaction (all or none), each ``name: (data, version it read)``."""
         raws = {}
         for name, (data, _) in documents.items():
-            raws[name] = raw = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+            raw = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+            raws[name] = raw = ZLIB + zlib.compress(raw) if len(raw) > COMPRESS_OVER else raw
             if len(raw) > MAX_DOCUMENT:
                 raise SizeLimitError(f"document {name!r} is {len(raw)} bytes, over ZooKeeper's {MAX_DOCUMENT}: "
                                      "split it into several documents")

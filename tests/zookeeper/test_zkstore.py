@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 import uuid
 from decimal import Decimal
 
@@ -67,8 +68,8 @@ def test_bad_names_sizes_and_an_unreachable_server_are_typed_errors(zookeeper, o
             store.write(name, {}, version=None)
     with pytest.raises(InvalidNameError):
         ZooKeeperStore(zookeeper.hosts, "no/slashes")
-    with pytest.raises(SizeLimitError, match="split it"):
-        store.write("events", {"events": ["x" * 1000] * 1100}, version=None)
+    with pytest.raises(SizeLimitError, match="split it"):  # random text: compression does not save it
+        store.write("events", {"events": [os.urandom(500).hex() for _ in range(2500)]}, version=None)
     assert store.read("events") is None
 
     with socket_nobody_listens_on() as hosts:
@@ -87,3 +88,15 @@ class socket_nobody_listens_on:
 
     def __exit__(self, *exc) -> None:
         self.sock.close()
+
+
+def test_a_large_clusters_table_is_kept_compressed_and_reads_back_whole(open_store):
+    """P = 65,536 partitions: about 1.2 MB of JSON, over a znode's 1 MB, kept compressed."""
+    store = open_store()
+    nodes = {f"node-{n}": f"10.2.{n // 250}.{n % 250}:7701" for n in range(1, 41)}
+    table = {"table": {"epoch": 912, "owners": [f"node-{1 + p % 40}" for p in range(65536)], "addresses": nodes,
+                       "since": [p % 900 for p in range(65536)]}}
+    store.write("table", table, version=None)
+    assert store.read("table").data == table
+    raw, _ = store.client.get(f"{store.root}/docs/table")
+    assert raw[:1] == b"z" and len(raw) < 500_000
