@@ -84,12 +84,12 @@ def main() -> None:
         root = tempfile.mkdtemp(prefix="rockstate-bench-")
         try:
             raw_put, raw_get = per_kind[kind, "raw"] = raw_rocksdict(root, keys)
-            raw_int = per_kind["int_random", "raw"] if kind != "int" else per_kind[kind, "raw"]
+            raw_int = per_kind["int_random", "raw"]
             rows.append([f"{kind}: raw rocksdict, 1 DB", raw_put / N * 1e9, raw_get / N * 1e9, 1.0, 1.0,
                          raw_put / raw_int[0], raw_get / raw_int[1]])
             for partitions in PARTITIONS:
                 put_t, get_t = per_kind[kind, partitions] = ours(root, keys, partitions)
-                vs_int = per_kind["int_random" if kind != "int" else kind, partitions]
+                vs_int = per_kind["int_random", partitions]
                 rows.append([f"{kind}: rockstate P={partitions}", put_t / N * 1e9, get_t / N * 1e9, put_t / raw_put, get_t / raw_get,
                              put_t / vs_int[0], get_t / vs_int[1]])
         finally:

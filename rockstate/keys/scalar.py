@@ -51,8 +51,12 @@ def _hash_long(v: int, h: int) -> int:
 def _hash_bytes(b: bytes, h: int) -> int:
     n = len(b)
     aligned = n & ~3
-    for word in struct.unpack_from(f"<{aligned >> 2}I", b):
-        h = _mix(h, word)
+    for k in struct.unpack_from(f"<{aligned >> 2}I", b):  # _mix inlined: a string key's hash is most of a one-key call's
+        k = (k * _C1) & _M32
+        k = ((k << 15) | (k >> 17)) & _M32
+        h ^= (k * _C2) & _M32
+        h = ((h << 13) | (h >> 19)) & _M32
+        h = (h * 5 + 0xE6546B64) & _M32
     for byte in b[aligned:]:  # Spark mixes each tail byte as a signed byte
         h = _mix(h, (byte - 256 if byte > 127 else byte) & _M32)
     return _fmix(h, n)
@@ -158,8 +162,10 @@ def _hash_key(key, h: int = SEED) -> int:
 
 def spark_hash(key) -> int:
     """Spark SQL ``hash(cols...)`` of ``key`` as a signed 32-bit int."""
-    if type(key) is int and _INT64_MIN <= key <= _INT64_MAX:  # fast path for the commonest key
+    if type(key) is int and _INT64_MIN <= key <= _INT64_MAX:  # fast paths for the commonest keys
         return _signed(_hash_long(key, SEED))
+    if type(key) is str:
+        return _signed(_hash_bytes(key.encode("utf-8"), SEED))
     return _signed(_hash_key(key))
 
 
