@@ -110,7 +110,7 @@ class Coordinator(ClusterAnswers, Leading):
             channel=lambda peer: peer.rpc(self.security), specs=lambda: self.specs,
             define=self.define, event=self.event) if self.checkpoint_config else None
         # a new cluster on a storage that holds checkpoints starts from the latest one
-        self._restore_on_start = not saved and self.checkpoints is not None  # and it holds one: see _begin()
+        self._restore_on_start = not saved and self.checkpoints is not None  # and it holds one: see _prepare()
         self._resumed = asyncio.Event()  # moves wait until the nodes' leases under an earlier table could have run out
 
     @property
@@ -158,7 +158,8 @@ class Coordinator(ClusterAnswers, Leading):
     async def start(self) -> None:
         self._dir_lock = datadir.lock(self.data_dir, "coordinator")  # before it serves: a second one must not
         if self.election is None:
-            await self._begin()
+            await self._prepare()
+            self._begin()
         await self.server.start()
         if self.election is not None:  # it leads once elected (Leading.elected)
             self.persistence = await self.election.start(self.address, self)
@@ -166,11 +167,14 @@ class Coordinator(ClusterAnswers, Leading):
         write_json(os.path.join(self.data_dir, "address.json"), {"address": self.address, "pid": os.getpid(), "status_url": status_url})
         log.info("coordinator serving on %s with %d partitions", self.address, self.table.partitions)
 
-    async def _begin(self) -> None:
-        """Lead: the tasks of the coordinator in charge (monitor, resumption, periodic checkpoints)."""
+    async def _prepare(self) -> None:
+        """Before it leads: the checkpoint storage opened, so a request answered from then on finds it."""
         if self.checkpoints is not None:
             await self.checkpoints.open()
             self._restore_on_start = self._restore_on_start and self.checkpoints.latest() is not None
+
+    def _begin(self) -> None:
+        """Lead: the tasks of the coordinator in charge (monitor, resumption, periodic checkpoints)."""
         self._spawn(self._monitor())
         if self.members:
             self._spawn(self._resume())

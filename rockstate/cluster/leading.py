@@ -2,7 +2,8 @@
 
 ZooKeeper's news comes from ``election.py`` on the event loop. Elected (or
 reconnected while still holding the lock): load the documents, take them up
-and begin (``Coordinator._begin``: monitor, resumption, periodic checkpoints).
+open the checkpoint storage, and only then lead and begin (``Coordinator._begin``: monitor,
+resumption, periodic checkpoints).
 Deposed or suspended: stop every task at once. While it does not lead, every
 request is answered ``NotLeaderError`` naming the leader, which members and
 clients follow (``leader.py``).
@@ -18,7 +19,8 @@ log = logging.getLogger(__name__)
 
 
 class Leading:
-    """A part of ``Coordinator`` (it has ``role``, ``election``, ``persistence``, ``_tasks``, ``_load``, ``_begin``)."""
+    """A part of ``Coordinator`` (it has ``role``, ``election``, ``persistence``, ``_tasks``, ``_load``, ``_prepare``,
+    ``_begin``)."""
 
     def elected(self) -> None:
         self._turn(self.role.elected())
@@ -43,10 +45,13 @@ class Leading:
             log.warning("coordinator %s could not load the control plane's documents (%s): it resigns", self.address, e)
             self.election.resign()
             return
-        if not self.role.loaded(turn):
+        if turn != self.role.turn:  # a later turn loads its own
             return
-        self._load(saved)
-        await self._begin()
+        self._load(saved)  # a standby's requests are refused, so taking the record up early is unseen
+        await self._prepare()
+        if not self.role.loaded(turn):  # deposed meanwhile
+            return
+        self._begin()
         self.event("coordinator_elected", coordinator=self.address, epoch=self.table.epoch)
 
     def _stop_acting(self, acting: bool, why: str) -> None:
