@@ -9,7 +9,9 @@ so a worker starts its Spark session once.
 LONGEST_FIRST = (
     "tests/test_demo.py",
     "tests/chaos/",
+    "tests/zookeeper/test_pipeline.py",
     "tests/test_readme.py",
+    "tests/zookeeper/test_coordinators.py",
     "tests/test_soak.py",
     "tests/spark/",
     "tests/test_keys_spark.py",
