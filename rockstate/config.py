@@ -14,7 +14,7 @@ own config whole. Operators still write flat settings (``memory_bytes``,
 from __future__ import annotations
 
 import os
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -186,6 +186,9 @@ class CoordinatorConfig(Settings):
     heartbeat_timeout: float = Field(5.0, gt=0, description="seconds of silence after which a node is dead; a node cut off from the coordinator stops serving after half of it")
     max_concurrent_migrations: int = Field(2, ge=1, description="partitions moving at once")
     live_migration: bool = Field(True, description="copy a moving partition while it serves and freeze it only for the last delta; False: freeze for the whole copy")
+    backup_count: int = Field(1, ge=0, le=8, description="backups of every partition on other nodes (other zones when nodes have --zone), kept in sync by its primary; a node death loses no acknowledged write; 0: none, a dead node's partitions come back from the latest checkpoint")
+    replication: Literal["sync", "async"] = Field("sync", description="sync: a write is acknowledged once every in-sync backup applied it; async: once the primary applied it (a primary's death may lose what its backups had not applied yet)")
+    replica_timeout: float = Field(1.0, gt=0, description="seconds a backup may take to apply a batch before its primary has the coordinator take it out of the in-sync set (it catches up and is added back)")
     max_key_bytes: int = Field(16 * MiB, ge=1, description="largest encoded key, for every node")
     max_value_bytes: int = Field(16 * MiB, ge=1, description="largest encoded value, for every node")
     checkpoints: CheckpointConfig | None = Field(None, description="checkpoint storage URL (file:///..., s3://bucket/prefix); None: no checkpoints")  # the checkpoint_* settings too
@@ -205,6 +208,7 @@ class NodeConfig(Settings):
     advertise_host: str | None = Field(None, description="address clients and other nodes reach this node at (None: host; with a wildcard host, this machine's name)")
     port: int = Field(0, ge=0, le=65535, description="port to listen on (0: any free port)")
     data_dir: str = Field("./rockstate-node", description="the node's partitions and identity")
+    zone: str | None = Field(None, description="failure domain (rack, availability zone): a partition's backups go to other zones when there are enough")
     heartbeat_interval: float = Field(0.5, gt=0, description="seconds between heartbeats (at most a third of the node's lease, which is half the coordinator's heartbeat_timeout)")
     metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus /metrics port (None: off)")
     store: StoreConfig = Field(default_factory=StoreConfig, description="the settings memory_bytes, ttl_sweep_interval and request_window; the coordinator gives partitions and the key and value limits")

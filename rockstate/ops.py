@@ -14,4 +14,6 @@ from typing import Sequence
 # keeps the hot path and the wire compact. RAW_PUT stores the value as given
 # (a TTL header included), DELETE_RANGE deletes keys in [key, value).
 PUT, DELETE, APPEND, DELETE_PREFIX, PUT_MANY, DELETE_MANY, RAW_PUT, DELETE_RANGE = 0, 1, 2, 3, 4, 5, 6, 7
+# Only in the replication stream (a primary's batches as stored, for its backups): clients may not send it.
+RAW_PUT_MANY = 8
 Op = Sequence  # (op, state, key, value)

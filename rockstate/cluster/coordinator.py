@@ -43,6 +43,7 @@ from .metrics import CoordinatorMetrics
 from .moves import run_move
 from .peers import Peer, Peers
 from .persistence import DataDirectory, ZooKeeperDocuments
+from .replicas import ReplicaControl
 from .security import Security
 from .table import Table
 
@@ -89,6 +90,7 @@ class Coordinator(ClusterAnswers, Leading):
             p.Status: self.status,
             p.Events: self.events_after,
             p.PipelineProgress: self.pipeline_progress,
+            p.ReplicaReport: lambda msg, conn: self.replicas.report(msg, conn),  # the replicas of the record loaded last
             **dict.fromkeys(CHECKPOINT_REQUESTS, self.checkpoint_request),
         }
         self.metrics, self.web = CoordinatorMetrics(self), StatusServer(self)  # metrics count events from here on
@@ -105,6 +107,7 @@ class Coordinator(ClusterAnswers, Leading):
         self.pipelines: dict[str, dict] = saved.get("pipelines", {})
         self.failovers: set[str] = set(saved.get("failovers", []))  # dead nodes whose partitions are not restored yet
         self.events = self.persistence.events
+        self.replicas = ReplicaControl(self, saved)  # replica sets and in-sync sets (cluster/replicas.py)
         self.checkpoints = ClusterCheckpoints(
             self.checkpoint_config, self.table.partitions, lock=self.table_lock, owners=self.partitions_by_node,
             channel=lambda peer: peer.rpc(self.security), specs=lambda: self.specs,
@@ -137,6 +140,7 @@ class Coordinator(ClusterAnswers, Leading):
             **self.membership.to_wire(),
             "pipelines": self.pipelines,
             "failovers": sorted(self.failovers),
+            **self.replicas.to_wire(),  # "replicas" and "zones"
         }
 
     async def _save(self) -> None:
@@ -215,14 +219,26 @@ class Coordinator(ClusterAnswers, Leading):
         await self._rebalance()
 
     async def _monitor(self) -> None:
+        last_ensure = 0.0
         while True:
             await asyncio.sleep(min(0.25, self.config.heartbeat_timeout / 4))
             for m in self.membership.expire(time.monotonic()):
                 self.event("member_dead", node=m.node_id, address=m.address)
                 if self.checkpoints is not None:
                     self.failovers.add(m.node_id)
-                    self._spawn(self._failover(m.node_id))
                 await self._save()
+                self._spawn(self._dead(m.node_id))
+            if time.monotonic() - last_ensure > 1.0:
+                last_ensure = time.monotonic()
+                self._spawn(self.replicas.ensure())  # backups added, dropped, caught up anew
+
+    async def _dead(self, node_id: str) -> None:
+        """A dead node: its backups promoted where it was primary; then what has no replica left is restored."""
+        await self.replicas.members_dead([node_id])
+        if self.checkpoints is not None:
+            await self._failover(node_id)
+        if self.replicas.enabled:
+            await self._rebalance()  # the promoted primaries spread out again
 
     # -- membership ------------------------------------------------------------
 
@@ -230,6 +246,8 @@ class Coordinator(ClusterAnswers, Leading):
         if msg.node_id in self.members:
             await refuse_takeover(self.members[msg.node_id], msg.address, self.security)
         node_id, joined = self.membership.register(msg.node_id, msg.address, time.monotonic())
+        if msg.zone:
+            self.replicas.zones[node_id] = msg.zone
         self.event("member_joined" if joined else "member_returned", node=node_id, address=msg.address)
         if self.membership.addresses() != self.table.addresses:
             self.table = self.table.with_addresses(self.membership.addresses())
@@ -261,6 +279,7 @@ class Coordinator(ClusterAnswers, Leading):
         """A node back from being cut off learns the current table (it drops what was restored elsewhere), then gets its share."""
         async with self.table_lock:
             await self.peer(node_id).rpc(self.security).call(p.ApplyTable(table=self.table.to_wire()))
+        await self.replicas.returned(node_id)
         await self._rebalance()
 
     async def leave(self, msg: p.Leave, conn) -> dict:
@@ -298,6 +317,7 @@ class Coordinator(ClusterAnswers, Leading):
                 chk = self.checkpoints.latest()
                 await self.checkpoints.restore_partitions(chk, self.partitions_by_node())
                 self.event("cluster_restored", checkpoint=chk, reason="new cluster on a storage with checkpoints")
+            self._spawn(self.replicas.ensure())
             return len(planned)
 
     async def _failover(self, dead: str) -> None:
@@ -312,7 +332,9 @@ class Coordinator(ClusterAnswers, Leading):
         async def once() -> None:
             try:
                 async with self.table_lock:
-                    plan = placement.failover(self.table.owners, self.membership.statuses(), dead)
+                    electing = self.replicas.pending()  # their backups are asked first: not restored
+                    owners = [None if pid in electing else o for pid, o in enumerate(self.table.owners)]
+                    plan = placement.failover(owners, self.membership.statuses(), dead)
                     if plan is not None and dead in self.failovers and plan.new_owner:
                         await self._restore_elsewhere(dead, plan)
             except (RockstateError, OSError) as exc:
@@ -344,6 +366,7 @@ class Coordinator(ClusterAnswers, Leading):
         m = Migration(move.partition, move.source, move.target, source_serving=self.membership.serving(move.source),
                       live=self.config.live_migration)
         source = self.peer(move.source) if m.copies else None
+        await self.replicas.before_move(move.partition, move.target)
         await run_move(m, source and source.rpc(self.security), self.peer(move.target).rpc(self.security),
                        source and source.address, lambda: self._commit_owner(m.partition, m.target), self.event)
 
@@ -355,9 +378,10 @@ class Coordinator(ClusterAnswers, Leading):
 
     async def _publish(self, table: Table, include_leaving: bool = False) -> None:
         """A new table: kept, then sent to the nodes (a leaving one too, while its partitions move off it)."""
-        self.table = table
+        self.table, catch_ups = self.replicas.decorate(table)
         await self._save()
-        await self._broadcast(p.ApplyTable(table=table.to_wire()), include_leaving)
+        await self._broadcast(p.ApplyTable(table=self.table.to_wire()), include_leaving)
+        await self.replicas.carry_out(catch_ups)
 
     async def _broadcast(self, msg, include_leaving: bool = False) -> list:
         wanted = (MemberStatus.ALIVE, MemberStatus.LEAVING) if include_leaving else (MemberStatus.ALIVE,)

@@ -74,6 +74,7 @@ class LocalCluster:
         coordinators: int = 1,
         zookeeper: bool | str = False,
         zookeeper_session_timeout: float = 1.5,
+        backup_count: int | None = None,
     ) -> None:
         """``secret``: a shared secret every connection must prove; ``tls``: {"cert", "key", "ca"} PEM
         files used by every process (and ``ca`` by clients from ``connect()``). ``zookeeper``: True starts a
@@ -96,6 +97,8 @@ class LocalCluster:
         self.secret = secret
         self.checkpoints, self.checkpoint_interval = checkpoints, checkpoint_interval
         self.coordinator_settings = dict(coordinator_settings or {})  # more CoordinatorConfig fields
+        if backup_count is not None:  # None: the coordinator's default
+            self.coordinator_settings["backup_count"] = backup_count
         secret_file = None
         if secret:
             secret_file = os.path.join(self.root, "secret")
@@ -131,7 +134,7 @@ class LocalCluster:
             self.address = ",".join(self.coordinator_addresses)
             for _ in range(self._initial_nodes):
                 self.add_node(wait=False)
-            self.wait_balanced()
+            self.wait_replicated()
         except BaseException:
             self.close()
             raise
@@ -204,6 +207,25 @@ class LocalCluster:
             return status if alive and held and max(counts) - min(counts) <= 1 else None
 
         return wait_until(balanced, timeout, "a balanced partition table")
+
+    def wait_replicated(self, timeout: float = START_TIMEOUT) -> dict:
+        """Wait until the table is balanced and every partition has its backups (as many as the live nodes allow), all in sync."""
+        self.wait_balanced(timeout)
+
+        short: list = []
+
+        def replicated():
+            status = self.status()
+            alive = {n["node_id"] for n in status["nodes"] if n["status"] == "alive"}
+            wanted = min(status["backup_count"], len(alive) - 1)
+            short[:] = [r for r in status["replicas"] if r["primary"] not in alive or len(r["backups"]) != wanted or not all(
+                b["in_sync"] and b["node"] in alive for b in r["backups"])]
+            return None if short else status
+
+        try:
+            return wait_until(replicated, timeout, "every partition's backups in sync")
+        except ClusterError as e:
+            raise ClusterError(f"{e}; not yet: {short[:4]}") from None
 
     # -- nodes -------------------------------------------------------------
 

@@ -43,38 +43,66 @@ CHUNK = 4 << 20
 
 
 class MoveSource:
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.root = os.path.join(store.path, "outgoing")
+    """Hard-link copies of partitions handed to other nodes (a move's target, a new backup), under ``<store>/<folder>/<name>``."""
 
-    def _dir(self, pid: int) -> str:
-        return os.path.join(self.root, partition_dir(pid))
+    def __init__(self, store: Store, folder: str = "outgoing") -> None:
+        self.store = store
+        self.root = os.path.join(store.path, folder)
+
+    def _dir(self, name: str) -> str:
+        return os.path.join(self.root, name)
+
+    def take(self, part, name: str, record: bool = False) -> None:
+        """A hard-link copy of ``part`` as ``name`` (blocking); ``record``: record writes from now on."""
+        target = self._dir(name)
+        shutil.rmtree(target, ignore_errors=True)
+        os.makedirs(self.root, exist_ok=True)
+        part.hard_link_copy(target, record=record)
+
+    def listing(self, name: str) -> list[list]:
+        return [[f, os.path.getsize(os.path.join(self._dir(name), f))] for f in sorted(os.listdir(self._dir(name)))]
 
     def copy(self, pid: int) -> list[list]:
         """Take the copy and start recording; answers [[file name, size], ...] (blocking)."""
-        target = self._dir(pid)
-        shutil.rmtree(target, ignore_errors=True)
-        os.makedirs(self.root, exist_ok=True)
-        self.store.partition(pid).hard_link_copy(target, record=True)
-        return [[name, os.path.getsize(os.path.join(target, name))] for name in sorted(os.listdir(target))]
+        self.take(self.store.partition(pid), partition_dir(pid), record=True)
+        return self.listing(partition_dir(pid))
 
-    def chunk(self, pid: int, name: str, offset: int, length: int) -> bytes:
-        if os.sep in name or name.startswith("."):
-            raise ClusterError(f"bad file name {name!r} in a move of partition {pid}")
-        with open(os.path.join(self._dir(pid), name), "rb") as f:
+    def read(self, name: str, file: str, offset: int, length: int) -> bytes:
+        if os.sep in file or file.startswith("."):
+            raise ClusterError(f"bad file name {file!r} in copy {name}")
+        with open(os.path.join(self._dir(name), file), "rb") as f:
             f.seek(offset)
             return f.read(min(length, CHUNK))
+
+    def chunk(self, pid: int, name: str, offset: int, length: int) -> bytes:
+        return self.read(partition_dir(pid), name, offset, length)
 
     def delta(self, pid: int, final: bool) -> list:
         """The writes since the copy or the last delta; ``final``: the partition is frozen, recording ends."""
         return self.store.partition(pid).take_recorded(stop=final)
 
     def discard(self, pid: int) -> None:
-        shutil.rmtree(self._dir(pid), ignore_errors=True)
+        shutil.rmtree(self._dir(partition_dir(pid)), ignore_errors=True)
         try:
             self.store.partition(pid).take_recorded()
         except Exception:  # noqa: BLE001 -- the partition is gone already: nothing is recording
             pass
+
+
+async def fetch_files(files: list, target: str, read: Callable[[str, int, int], Awaitable[bytes]]) -> int:
+    """Fetch a copy's ``files`` ([[name, size], ...]) into ``target`` with ``read(name, offset, length)``; answers bytes."""
+    shutil.rmtree(target, ignore_errors=True)
+    os.makedirs(target)
+    copied = 0
+    for name, size in files:
+        with open(os.path.join(target, name), "wb") as f:
+            while f.tell() < size:
+                data = await read(name, f.tell(), CHUNK)
+                if not data:
+                    raise ClusterError(f"{name} ended at {f.tell()} of {size} bytes")
+                f.write(data)
+        copied += size
+    return copied
 
 
 class MoveTarget:
@@ -84,12 +112,6 @@ class MoveTarget:
 
     def dir(self, pid: int) -> str:
         return os.path.join(self.root, partition_dir(pid))
-
-    def start(self, pid: int) -> str:
-        target = self.dir(pid)
-        shutil.rmtree(target, ignore_errors=True)
-        os.makedirs(target)
-        return target
 
     def install(self, pid: int) -> None:
         """The fetched copy becomes the (not yet served) partition (blocking)."""
@@ -169,18 +191,11 @@ class NodeMoves:
         if self.own.owns(pid):
             raise ClusterError(f"node {self.own.node_id} already owns partition {pid}")
         await self.settled(pid)
-        target = self.target.start(pid)
+        target = self.target.dir(pid)
         source = self.peer(msg.source)
-        copied = 0
         try:
-            for name, size in await source.call(p.MoveCopy(partition=pid)):
-                with open(os.path.join(target, name), "wb") as f:
-                    while f.tell() < size:
-                        data = await source.call(p.MoveChunk(partition=pid, name=name, offset=f.tell(), length=CHUNK))
-                        if not data:
-                            raise ClusterError(f"{name} of partition {pid} ended at {f.tell()} of {size} bytes")
-                        f.write(data)
-                copied += size
+            copied = await fetch_files(await source.call(p.MoveCopy(partition=pid)), target, lambda name, offset, length:
+                                       source.call(p.MoveChunk(partition=pid, name=name, offset=offset, length=length)))
             await asyncio.to_thread(self.target.install, pid)
             catch_up = await source.call(p.MoveDelta(partition=pid, final=False))
             await asyncio.to_thread(self.target.apply, pid, catch_up)

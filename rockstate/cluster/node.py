@@ -41,6 +41,7 @@ from .ingest import SstIngestor
 from .leader import AsyncCoordinatorChannel
 from .metrics import NodeMetrics
 from .moves import NodeMoves
+from .replication import NodeReplication
 from .security import Security
 from .serving import DataHandlers
 from .table import Table
@@ -65,8 +66,12 @@ class Node:
         self._peers: dict[str, AsyncChannel] = {}
         self.metrics = NodeMetrics(self)
         self.data = DataHandlers(self.gate, self.metrics)
-        self.moves = NodeMoves(self.gate, self._mover, self._settled)
+        self.moves = NodeMoves(self.gate, self._mover, self._replacing)
         self.ingestor = SstIngestor(self.gate)  # bulk-loaded SST files (cluster/ingest.py)
+        self._replica_peers: dict[str, AsyncChannel] = {}
+        self.replication = NodeReplication(lambda: self.store, lambda: self.node_id, self._replica_peer,
+                                           self._report_replicas, self.gate.ownership.owns, self._settled)  # cluster/replication.py
+        self.data.acknowledged, self.data.backup_copy = self.replication.acknowledged, self.replication.backup_copy
         self.handlers = {
             **self.data.handlers,
             p.ApplyTable: self.apply_table,
@@ -75,6 +80,7 @@ class Node:
             p.RestorePartitions: self.restore_partitions,
             **self.moves.handlers,
             **self.ingestor.handlers,
+            **self.replication.handlers,
             **self.metrics.handlers,
         }
         self.security = Security.from_config(config.security)
@@ -94,6 +100,15 @@ class Node:
         if address not in self._peers:
             self._peers[address] = self._peer(address, timeout=120.0)
         return self._peers[address]
+
+    def _replica_peer(self, address: str) -> AsyncChannel:
+        """A kept connection to a node this one replicates to or copies from (apart from moves' big transfers)."""
+        if address not in self._replica_peers:
+            self._replica_peers[address] = self._peer(address, timeout=30.0)
+        return self._replica_peers[address]
+
+    async def _report_replicas(self, reports: list) -> None:
+        await self.coordinator.call(p.ReplicaReport(node_id=self.node_id, reports=reports), timeout=5.0)
 
     def _peer(self, address: str, timeout: float) -> AsyncChannel:
         return AsyncChannel(address, name="node", timeout=timeout, ssl=self.security.client_ssl, secret=self.security.secret)
@@ -141,7 +156,7 @@ class Node:
     async def _register(self) -> dict:
         async def once() -> dict:
             sent = time.monotonic()
-            reply = await self.coordinator.call(p.Register(address=self.address, node_id=self.node_id))
+            reply = await self.coordinator.call(p.Register(address=self.address, node_id=self.node_id, zone=self.config.zone))
             self.node_id = reply["node_id"]
             self.gate.ownership.join(self.node_id, reply["partitions"], reply["heartbeat_timeout"] / 2, sent)
             return reply
@@ -161,9 +176,10 @@ class Node:
     async def stop(self) -> None:
         if self._heartbeat is not None:
             self._heartbeat.cancel()
+        await self.replication.stop()
         await self.server.stop()
         await self.coordinator.close()
-        for peer in self._peers.values():
+        for peer in [*self._peers.values(), *self._replica_peers.values()]:
             await peer.close()
         await asyncio.gather(*self._retiring.values(), return_exceptions=True)
         if self.store is not None:
@@ -209,6 +225,8 @@ class Node:
             for pid in change.opened:
                 await self._settled(pid)
                 self.store.open_partition(pid)
+            self.replication.apply_table(table, change.opened)  # before they serve: every write to them is shipped
+            for pid in change.opened:
                 self.gate.ownership.opened(pid)
             self.table = table
             self.metrics.partitions.set(len(self.owned))
@@ -222,6 +240,11 @@ class Node:
         self.moves.source.discard(pid)
         if self.checkpoints is not None:
             self.checkpoints.drop(pid)
+
+    async def _replacing(self, pid: int) -> None:
+        """Before a copy moved in or restored replaces the partition: no backup copy of it here any more."""
+        self.replication.drop_backup(pid)
+        await self._settled(pid)
 
     async def _settled(self, pid: int) -> None:
         """Wait until an earlier copy of the partition is gone, before it is opened or replaced again."""
@@ -249,10 +272,11 @@ class Node:
         checkpoints = self._checkpoints()
         stats = []
         for pid in msg.partitions:
-            await self._settled(pid)
+            await self._replacing(pid)
             self.gate.ownership.freeze(pid)  # writes wait while the partition is replaced
             try:
                 stats += [s.to_dict() for s in await checkpoints.restore(msg.checkpoint, [pid], msg.base)]
+                self.replication.diverged(pid)  # its backups hold another history: they catch up anew
             finally:
                 self.gate.unfreeze(pid)
         log.info("node %s restored partitions %s from checkpoint %s", self.node_id, list(msg.partitions), msg.checkpoint)

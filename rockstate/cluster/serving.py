@@ -2,7 +2,9 @@
 
 Each asks the gate (``gate.py``) whether this node may serve the partitions
 at the request's epoch, waiting while one is frozen for a write, then hands
-the request to the store in one call.
+the request to the store in one call. On a replicated partition, it answers
+once the partition's backups acknowledged what it holds (``replication.py``):
+so nothing answered, written or read, is lost with the primary.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ class DataHandlers:
     def __init__(self, gate: Gate, metrics: NodeMetrics) -> None:
         self.gate, self.metrics = gate, metrics
         self.store: Store = None  # type: ignore[assignment] -- the node opens it once registered
+        self.acknowledged = _at_once  # replication.NodeReplication.acknowledged(pids)
+        self.backup_copy = lambda pid: False  # whether this node holds a backup copy of pid (stale reads)
         self.handlers = {
             p.Write: self.write,
             p.CompareAndSet: self.compare_and_set,
@@ -45,12 +49,22 @@ class DataHandlers:
         for (_, ops), applied in zip(groups, self.store.write_groups(groups, msg.request)):
             if applied:
                 self.metrics.keys_written.inc(sum(len(op[2]) if op[0] in (PUT_MANY, DELETE_MANY) else 1 for op in ops))
+        await self.acknowledged([pid for pid, _ in groups])
 
     async def compare_and_set(self, msg: p.CompareAndSet, conn) -> list:
-        return self.store.compare_and_set_groups(await self._writable(msg), msg.request)
+        groups = await self._writable(msg)
+        return await self._acknowledged(groups, self.store.compare_and_set_groups(groups, msg.request))
+
+    async def _acknowledged(self, groups: list, answer):
+        await self.acknowledged([pid for pid, _ in groups])
+        return answer
 
     async def read(self, msg: p.Read, conn) -> list:
-        groups = [(self.gate.check(pid, msg.epoch), keys) for pid, keys in _groups(msg)]
+        if msg.backup and all(self.backup_copy(pid) for pid, _ in _groups(msg)):
+            groups = list(msg.groups)  # a stale read, from this node's backup copies
+        else:
+            groups = [(self.gate.check(pid, msg.epoch), keys) for pid, keys in _groups(msg)]
+            await self.acknowledged([pid for pid, _ in groups])
         for pid, keys in groups:
             if type(keys) is not list:
                 raise ProtocolError(f"keys of partition {pid} in a 'read' message must be a list of bytes, not {type(keys).__name__}")
@@ -61,7 +75,8 @@ class DataHandlers:
             raise not_bytes(e, "keys of a 'read' message")
 
     async def scan(self, msg: p.Scan, conn) -> list:
-        return self.store.scan(self.gate.check(msg.partition, msg.epoch), msg.state, msg.prefix, msg.after, msg.limit)
+        pid = self.gate.check(msg.partition, msg.epoch)
+        return await self._acknowledged([(pid, None)], self.store.scan(pid, msg.state, msg.prefix, msg.after, msg.limit))
 
     # -- staged batches (exactly-once) ------------------------------------------------
 
@@ -70,20 +85,28 @@ class DataHandlers:
         self.store.check_ops(groups)  # now, not when applied: a bad staged op would fail every later batch
         for pid, ops in groups:
             staging.stage(self.store.partition(pid), msg.query, msg.batch, msg.operator, msg.attempt, msg.seq, ops)
+        await self.acknowledged([pid for pid, _ in groups])
 
     async def stage_done(self, msg: p.StageDone, conn) -> None:
-        for pid, pieces in await self._writable(msg):
+        groups = await self._writable(msg)
+        for pid, pieces in groups:
             staging.mark_done(self.store.partition(pid), msg.query, msg.batch, msg.operator, msg.attempt, pieces)
+        await self.acknowledged([pid for pid, _ in groups])
 
     async def advance_batches(self, msg: p.AdvanceBatches, conn) -> list:
-        return [staging.advance(self.store.partition(pid), msg.query, msg.batch) for pid, _ in await self._writable(msg)]
+        groups = await self._writable(msg)
+        return await self._acknowledged(groups, [staging.advance(self.store.partition(pid), msg.query, msg.batch) for pid, _ in groups])
 
     async def finish_task(self, msg: p.FinishTask, conn) -> list:
-        return [staging.finish_task(self.store.partition(pid), msg.query, msg.batch, msg.operator, msg.run, msg.task,
-                                    msg.tasks, msg.pids, msg.failed) for pid, _ in await self._writable(msg)]
+        groups = await self._writable(msg)
+        return await self._acknowledged(groups, [staging.finish_task(
+            self.store.partition(pid), msg.query, msg.batch, msg.operator, msg.run, msg.task, msg.tasks, msg.pids, msg.failed)
+            for pid, _ in groups])
 
     async def seal(self, msg: p.Seal, conn) -> list:
-        return [staging.seal(self.store.partition(pid), msg.query, msg.batch, msg.operator) for pid, _ in await self._writable(msg)]
+        groups = await self._writable(msg)
+        return await self._acknowledged(groups, [staging.seal(self.store.partition(pid), msg.query, msg.batch, msg.operator)
+                                                 for pid, _ in groups])
 
     # -- the coordinator's questions ----------------------------------------------------
 
@@ -95,6 +118,10 @@ class DataHandlers:
 
     async def define_state(self, msg: p.NodeDefineState, conn) -> dict:
         return self.store.define_state(StateSpec.from_dict(msg.spec)).to_dict()
+
+
+async def _at_once(pids) -> None:
+    """Unreplicated: a write is done once applied."""
 
 
 def _groups(msg) -> list:

@@ -48,6 +48,16 @@ that state, change nothing and answer no action):
   answer are dropped (they catch up anew later). No answer: nothing yet.
 - ``restored(pid, node)``: the partition was restored from the checkpoint
   on ``node``, its only replica; the planner adds backups.
+- ``moved(pid, node)``: the primary changed by a copy (the first owner, a
+  move): the backups hold another history than the new primary's copy, so
+  they are out of sync and catch up anew (``CatchUp`` each).
+- ``leave(pid, node)``: the backup is about to receive the partition as
+  its primary by a copy (a move): it stops being a backup at once.
+- ``returned(node)``: a node declared dead is back before its partitions
+  got a new primary (an election or a restore): they are its again (its
+  copy holds everything acknowledged), and their backups catch up anew.
+
+``to_wire``/``from_wire``: the sets as the coordinator saves them.
 """
 
 from __future__ import annotations
@@ -210,6 +220,40 @@ class InSyncSets:
         s.primary, s.backups, s.in_sync = new, [b for b in answered if b != new], set(answered)
         publish = self._publish(pid)
         return [publish, Promoted(pid, self._lost.pop(pid), new, publish.epoch)]
+
+    def moved(self, pid: int, node: str) -> list[Action]:
+        s = self.sets[pid]
+        self._lost.pop(pid, None)
+        s.primary, s.backups, s.in_sync = node, [b for b in s.backups if b != node], {node}
+        return [self._publish(pid), *(CatchUp(pid, b, node) for b in s.backups)]
+
+    def leave(self, pid: int, node: str) -> list[Action]:
+        s = self.sets[pid]
+        if node not in s.backups:
+            return []
+        self._remove(s, node)
+        return [self._publish(pid)]
+
+    def returned(self, node: str) -> list[Action]:
+        actions: list[Action] = []
+        for pid in [pid for pid, lost in self._lost.items() if lost == node]:
+            actions += self.moved(pid, node)  # its copy is the most advanced; the backups catch up anew
+        return actions
+
+    def lost(self) -> dict[int, str]:
+        """Partitions without a primary -> the dead one."""
+        return dict(self._lost)
+
+    def to_wire(self) -> dict:
+        return {"sets": [[s.primary, s.backups, sorted(s.in_sync), s.epoch] for s in self.sets],
+                "lost": {str(pid): node for pid, node in self._lost.items()}}
+
+    @classmethod
+    def from_wire(cls, backup_count: int, data: dict) -> "InSyncSets":
+        sets = cls(backup_count, [])
+        sets.sets = [ReplicaSet(primary, list(backups), set(in_sync), epoch) for primary, backups, in_sync, epoch in data["sets"]]
+        sets._lost = {int(pid): node for pid, node in data["lost"].items()}
+        return sets
 
     def restored(self, pid: int, node: str) -> list[Action]:
         s = self.sets[pid]

@@ -8,6 +8,14 @@ partition's lock.
 
 All writes to a partition hold ``lock``: a checkpoint takes the same lock to
 order its barrier between writes.
+
+Replication. On a replicated partition's primary, ``shipper`` is set: every
+write (whatever made it: a client's write or compare-and-set, a staged
+batch, a request id, a TTL deletion) gets the next sequence number, stored in
+the same WriteBatch (state ``_replication``), and is handed to the shipper as
+it was stored (``RAW_PUT``s with their TTL headers, appends resolved), under
+the lock, so in the order it was applied. A backup applies those batches with
+``apply_replicated``; ``backup`` keeps its own sweeps off it.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from typing import Callable, Iterator, Sequence
 from rocksdict import BlockBasedOptions, Cache, Checkpoint, DataBlockIndexType, Options, Rdict, WriteBatch, WriteBufferManager
 
 from ..errors import PartitionUnavailableError
-from ..ops import APPEND, DELETE, DELETE_MANY, DELETE_PREFIX, DELETE_RANGE, PUT, PUT_MANY, RAW_PUT, Op
+from ..ops import APPEND, DELETE, DELETE_MANY, DELETE_PREFIX, DELETE_RANGE, PUT, PUT_MANY, RAW_PUT, RAW_PUT_MANY, Op
 from . import requests
 from .catalog import RESERVED_PREFIX, StateSpec, unknown_state
 
@@ -30,6 +38,8 @@ __all__ = ["APPEND", "DELETE", "DELETE_MANY", "DELETE_PREFIX", "DELETE_RANGE", "
            "Partition", "Resources", "now_ms", "prefix_end"]
 
 _EXPIRY = struct.Struct(">Q")
+_SEQ = struct.Struct(">Q")
+REPLICATION, SEQ_KEY = "_replication", b"seq"  # the last replicated batch this copy holds
 
 
 def now_ms() -> int:
@@ -82,11 +92,14 @@ class Partition:
         self.path = path
         self.lock = threading.RLock()
         self._recording: list | None = None
+        self.shipper: Callable[[int, int, list], None] | None = None  # (pid, seq, stored ops): a primary's backups
+        self.backup = False  # a backup's copy: written only by its primary's batches
         self._resources = resources
         self._specs = specs  # the store's catalog, shared: states defined later appear here
         opts = resources.options()
         names = Rdict.list_cf(path, opts) if os.path.exists(os.path.join(path, "CURRENT")) else ["default"]
         families = {n: resources.options() for n in names if n != "default"}
+        self._seq: int | None = None  # read on first use
         self.db: Rdict | None = Rdict(path, opts, column_families=families)
         self._families = {n: self.db.get_column_family(n) for n in families}
         self._handles = {n: self.db.get_column_family_handle(n) for n in families}
@@ -135,10 +148,37 @@ class Partition:
                 if self.raw_get_one(requests.REQUESTS, request) is not None:
                     return False
                 ops = [*ops, (PUT, requests.REQUESTS, request, requests.WRITTEN)]
-            self._open().write(self._batch(ops))
+            if self.shipper is None:
+                self._open().write(self._batch(ops))
+            else:
+                stored: list = []
+                batch = self._batch(ops, stored)
+                seq = self.seq() + 1
+                stored.append((RAW_PUT, REPLICATION, SEQ_KEY, _SEQ.pack(seq)))
+                batch.put(SEQ_KEY, stored[-1][3], self._handles[REPLICATION])
+                self._open().write(batch)
+                self._seq = seq
+                self.shipper(self.pid, seq, stored)
             if self._recording is not None:
                 self._recording.extend(ops)
             return True
+
+    def seq(self) -> int:
+        """The last replicated batch this copy holds (0: none)."""
+        with self.lock:
+            if self._seq is None:
+                self._family(REPLICATION)
+                stored = self.raw_get_one(REPLICATION, SEQ_KEY)
+                self._seq = 0 if stored is None else _SEQ.unpack(stored)[0]
+            return self._seq
+
+    def apply_replicated(self, seq: int, stored: list) -> None:
+        """A backup: its primary's batch ``seq``, as the primary stored it (its sequence number included)."""
+        with self.lock:
+            for state in {op[1] for op in stored}:
+                self.ensure_state(state)
+            self._open().write(self._batch(stored))
+            self._seq = seq
 
     def compare_and_set(self, state: str, key: bytes, expected: bytes | None, new: bytes, request: bytes | None = None) -> bool:
         """Store ``new`` at ``key`` if its live value is ``expected`` (None: absent); returns whether it did.
@@ -196,7 +236,8 @@ class Partition:
             self._recording = None if stop else []
             return ops
 
-    def _batch(self, ops: Sequence[Op]) -> WriteBatch:
+    def _batch(self, ops: Sequence[Op], stored: list | None = None) -> WriteBatch:
+        """The ops as one WriteBatch; ``stored`` (a list) gets them as stored, for the backups."""
         batch = WriteBatch(raw_mode=True)
         pending: dict[tuple[str, bytes], bytes | None] = {}  # list values as this batch leaves them
         headers: dict[str, bytes | None] = {}
@@ -206,12 +247,14 @@ class Partition:
                 ttl = self._ttl_ms(state)
                 headers[state] = _EXPIRY.pack(now_ms() + ttl) if ttl else None
             handle, header = self._handles[state], headers[state]
+            as_stored = (op, state, key, value)
             if op == PUT_MANY:
-                stored = [header + v for v in value] if header else value
+                values = [header + v for v in value] if header else value
                 put = batch.put
-                for k, v in zip(key, stored):
+                for k, v in zip(key, values):
                     put(k, v, handle)
                 self._track(pending, state, key, value)
+                as_stored = (RAW_PUT_MANY, state, key, values)
             elif op == DELETE_MANY:
                 for k in key:
                     batch.delete(k, handle)
@@ -219,6 +262,7 @@ class Partition:
             elif op == PUT:
                 batch.put(key, header + value if header else value, handle)
                 self._track(pending, state, [key], [value])
+                as_stored = (RAW_PUT, state, key, header + value if header else value)
             elif op == DELETE:
                 batch.delete(key, handle)
                 self._track(pending, state, [key], [None])
@@ -226,20 +270,30 @@ class Partition:
                 old = pending[state, key] if (state, key) in pending else self.get_many(state, [key])[0]
                 pending[state, key] = new = (old or b"") + value
                 batch.put(key, header + new if header else new, handle)
+                as_stored = (RAW_PUT, state, key, header + new if header else new)
             elif op == RAW_PUT:
                 batch.put(key, value, handle)
                 self._track(pending, state, [key], [value[8:] if header and value is not None else value])
+            elif op == RAW_PUT_MANY:  # a backup applying its primary's batch
+                put = batch.put
+                for k, v in zip(key, value):
+                    put(k, v, handle)
             elif op == DELETE_RANGE:
                 batch.delete_range(key, value, handle)
             elif op == DELETE_PREFIX:
                 end = prefix_end(key)
                 if end is None:  # only 0xff bytes: delete key by key
-                    for k, _ in self.scan(state, key):
+                    doomed = [k for k, _ in self.scan(state, key)]
+                    for k in doomed:
                         batch.delete(k, handle)
+                    as_stored = (DELETE_MANY, state, doomed, None)
                 else:
                     batch.delete_range(key, end, handle)
+                    as_stored = (DELETE_RANGE, state, key, end)
             else:
                 raise ValueError(f"unknown write op {op!r}")
+            if stored is not None:
+                stored.append(as_stored)
         return batch
 
     def _track(self, pending: dict, state: str, keys, values) -> None:

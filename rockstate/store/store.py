@@ -227,11 +227,13 @@ class Store:
                    for name, spec in list(self.specs.items()) if spec.ttl is not None)
 
     def _each_owned(self, work: Callable[[Partition], int | None]) -> int:
-        """``work`` on every owned partition, but one closed or moved away meanwhile; the sum of its answers."""
+        """``work`` on every owned partition, but one closed or moved away meanwhile, or a backup (its primary's
+        sweeps reach it as writes); the sum of its answers."""
         total = 0
         for pid in self.owned():
             try:
-                total += work(self.partition(pid)) or 0
+                part = self.partition(pid)
+                total += 0 if part.backup else work(part) or 0
             except (StoreClosedError, PartitionUnavailableError):
                 continue
         return total

@@ -94,6 +94,8 @@ async def cluster_status(coordinator) -> dict:
         "coordinators": await c.coordinators(),
         "moves": _moves(events),
         "failovers": sorted(c.failovers),
+        "backup_count": c.config.backup_count,
+        "replicas": c.replicas.status() if c.replicas.enabled else [],  # primary, backups, in sync
         "events": events[-EVENTS:],
         "pipelines": sorted(c.pipelines.values(), key=lambda r: -r.get("updated", 0)),
         "checkpoints": None if c.checkpoints is None else {

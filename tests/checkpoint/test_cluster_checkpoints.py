@@ -55,7 +55,7 @@ def test_savepoint_and_a_new_cluster_starting_from_the_storage(tmp_path, file_ur
 
 
 def test_killed_node_is_restored_from_the_latest_checkpoint(tmp_path, file_url):
-    with LocalCluster(nodes=3, partitions=9, root=str(tmp_path), checkpoints=file_url, heartbeat_timeout=1.0) as cluster:
+    with LocalCluster(nodes=3, partitions=9, root=str(tmp_path), checkpoints=file_url, heartbeat_timeout=1.0, backup_count=0) as cluster:
         with cluster.connect(retry_timeout=30) as rs:
             s = rs.value_state("durable")
             s.put_many({i: "checkpointed" for i in range(900)})
@@ -81,7 +81,7 @@ def test_failover_waits_out_a_failing_storage_and_never_serves_an_older_state(tm
     """The storage fails every read while a dead node's partitions are restored: they stay unavailable, the
     restore is retried, and once the storage works they come back with exactly the checkpoint's contents."""
     with LocalCluster(nodes=3, partitions=6, root=str(tmp_path), checkpoints=f"faulty::file://{tmp_path}/chk",
-                      heartbeat_timeout=1.0, processes=False) as cluster:
+                      heartbeat_timeout=1.0, processes=False, backup_count=0) as cluster:
         fs = cluster._runner.coordinators[0].checkpoints.storage.fs  # one instance, shared by the in-process nodes
         fs.plan = FaultPlan()
         with cluster.connect(retry_timeout=1) as rs:

@@ -143,7 +143,7 @@ def test_graceful_stop_hands_partitions_over(tmp_path):
 
 
 def test_killed_node_is_declared_dead_and_returns_with_its_data(tmp_path):
-    with LocalCluster(nodes=2, partitions=8, root=str(tmp_path), heartbeat_timeout=1.0) as cluster:
+    with LocalCluster(nodes=2, partitions=8, root=str(tmp_path), heartbeat_timeout=1.0, backup_count=0) as cluster:
         with cluster.connect(retry_timeout=1.0) as rs:
             s = rs.value_state("durable")
             s.put_many({i: i for i in range(500)})

@@ -312,9 +312,9 @@ class Workload:
             "info": sum(1 for o in ops if o.status == "info")}
 
 
-def linearizable_cluster(tmp_path) -> LocalCluster:
+def linearizable_cluster(tmp_path, backup_count: int = 1) -> LocalCluster:
     return LocalCluster(nodes=3, partitions=8, root=str(tmp_path / "cluster"),
-                        checkpoints=f"file://{tmp_path}/checkpoints", heartbeat_timeout=1.0)
+                        checkpoints=f"file://{tmp_path}/checkpoints", heartbeat_timeout=1.0, backup_count=backup_count)
 
 
 @pytest.mark.timeout(120)
@@ -351,7 +351,7 @@ def test_failover_loses_only_writes_after_the_checkpoint_and_the_checker_says_so
         op = history.invoke("witness", kind, key, value)
         history.ok(op, rs.value_state("register").get(key) if kind == READ else rs.value_state("register").put(key, value))
 
-    with linearizable_cluster(tmp_path) as cluster:
+    with linearizable_cluster(tmp_path, backup_count=0) as cluster:  # the checkpoint restore, without backups
         with cluster.connect(retry_timeout=30) as admin:
             both = keys_for(admin, per_partition=2)
             keys, witnesses = both[0::2], both[1::2]

@@ -178,7 +178,7 @@ def test_a_retry_after_a_failover_applies_what_the_checkpoint_lost_once(tmp_path
     """The ids are in the checkpoint: a request from before it is not applied again by its retry; one from
     after it was lost with the dead node's writes, and its retry applies it once."""
     url = (tmp_path / "checkpoints").as_uri()
-    with LocalCluster(nodes=2, partitions=6, root=str(tmp_path / "c"), checkpoints=url, heartbeat_timeout=1.0) as cluster:
+    with LocalCluster(nodes=2, partitions=6, root=str(tmp_path / "c"), checkpoints=url, heartbeat_timeout=1.0, backup_count=0) as cluster:
         with cluster.connect(retry_timeout=30) as rs:
             log, keys = rs.list_state("log"), keys_for(rs)
             ids = iter([b"before the check", b"after the checkp"] * 2)

@@ -145,7 +145,7 @@ def test_wildcard_host_is_never_advertised(tmp_path):
 
 
 def test_partial_answers_are_refused_while_a_partition_has_no_live_owner(tmp_path):
-    with LocalCluster(nodes=2, partitions=8, heartbeat_timeout=1.0, root=str(tmp_path)) as c:
+    with LocalCluster(nodes=2, partitions=8, heartbeat_timeout=1.0, root=str(tmp_path), backup_count=0) as c:
         with c.connect(retry_timeout=1.0) as rs:
             orders = rs.value_state("orders")
             orders.put_many({k: {"amount": i} for i, k in enumerate(keys(100))})

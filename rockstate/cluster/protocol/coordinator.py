@@ -13,6 +13,15 @@ class Register(Message):
     op = "register"
     address: str
     node_id: str | None = None
+    zone: str | None = None
+
+
+class ReplicaReport(Message):
+    """From a partition's primary: ``reports`` is [[pid, backup, replica epoch, "caught_up" | "unreachable"], ...]."""
+
+    op = "replica_report"
+    node_id: str
+    reports: list
 
 
 class Heartbeat(Message):

@@ -24,6 +24,7 @@ class Read(Message):
     epoch: int
     state: str
     groups: list
+    backup: bool = False  # served by a backup (``read_from_backup``): may miss the latest writes
 
 
 class CompareAndSet(Message):

@@ -149,6 +149,54 @@ class MoveDiscard(Message):
     partition: int
 
 
+# -- served by a node: replication (see cluster/replication.py) ---------------------------
+
+
+class ReplicaApply(Message):
+    """From a partition's primary, its batches in order: ``items`` is [[pid, replica epoch, seq, stored ops], ...];
+    answers [[pid, last applied seq, status], ...] (status: ``ok``, ``stale`` epoch, ``not_ready``: no copy yet)."""
+
+    op = "replica_apply"
+    items: list
+
+
+class ReplicaCopy(Message):
+    """On a primary: take a hard-link copy of the partition for backup ``node`` and ship it the batches after it;
+    answers {"files": [[name, size], ...], "seq": the copy's last batch}."""
+
+    op = "replica_copy"
+    partition: int
+    node: str
+
+
+class ReplicaChunk(Ranged, Message):
+    op = "replica_chunk"
+    ranges = {"offset": (0, I64), "length": (1, MAX_FRAME)}
+    partition: int
+    node: str
+    name: str
+    offset: int
+    length: int
+
+
+class ReplicaCatchUp(Message):
+    """From the coordinator, to a new or returning backup: copy the partition from its primary at ``source``;
+    its primary then ships it the batches after the copy and reports it caught up."""
+
+    op = "replica_catch_up"
+    partition: int
+    source: str
+    epoch: int
+
+
+class ReplicaPositions(Message):
+    """From the coordinator, to a dead primary's backups: each partition's last applied batch; answers {pid: seq}."""
+
+    op = "replica_positions"
+    partitions: list
+    epoch: int = 0
+
+
 # -- served by a node: bulk ingestion of SST files (see cluster/ingest.py) -----------
 
 

@@ -1,0 +1,135 @@
+"""Replicated partitions: what backups cost on the write path, and what they buy at a node's death.
+
+Side by side in one run, each a multi-process LocalCluster of 3 nodes, P=16,
+heartbeat_timeout 2 s, keys 36-character UUID strings, values with a date and
+a decimal amount:
+
+- batch-1000 ``put_many`` throughput (keys/s) and single ``put`` p50/p99 (ms)
+  at ``backup_count`` 0, 1 and 2 (``replication: sync``), with ratios to 0;
+- kill -9 of a node holding primaries (backup_count=1): seconds from the kill
+  until every key of its partitions reads back its value again (a client
+  retrying, as users' clients do), against ``heartbeat_timeout``;
+- re-replication: the backup copies the kill made the coordinator create on
+  the survivors (``replica_copied`` events: bytes over seconds, hard-link
+  snapshot, chunks over the node protocol, open), against a plain copy of
+  the same partition's files on this disk (``shutil.copytree``).
+
+Goals (issue 14): backup_count=1 keeps >= 0.7x the throughput of 0 and <=
+1.5x its single-put p50; failover <= heartbeat_timeout + 0.5 s;
+re-replication >= 70% of a plain copy. Medians of BENCH_REPL_ROUNDS (3).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from datetime import date
+from decimal import Decimal
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from common import key_of, print_table  # noqa: E402
+
+from rockstate.cluster.local import LocalCluster  # noqa: E402
+from rockstate.errors import RockstateError  # noqa: E402
+
+ROUNDS = int(os.environ.get("BENCH_REPL_ROUNDS", "3"))
+BATCHES = int(os.environ.get("BENCH_REPL_BATCHES", "40"))  # of 1000 keys, per round
+PUTS = int(os.environ.get("BENCH_REPL_PUTS", "1000"))
+HEARTBEAT = 2.0
+
+
+def value(i: int) -> dict:
+    return {"amount": Decimal(i) / 100, "day": date(2026, 11, 1 + i % 28), "status": "settled"}
+
+
+def cluster(root: str, backup_count: int) -> LocalCluster:
+    return LocalCluster(nodes=3, partitions=16, root=os.path.join(root, f"bc{backup_count}"), heartbeat_timeout=HEARTBEAT,
+                        backup_count=backup_count, node_memory_bytes=256 << 20)
+
+
+def write_path(c: LocalCluster) -> tuple[float, float, float]:
+    with c.connect() as rs:
+        state = rs.value_state("orders")
+        keys = [key_of("uuid", i) for i in range(BATCHES * 1000)]
+        state.put_many({k: value(i) for i, k in enumerate(keys[:1000])})  # warm up
+        rates = []
+        for _ in range(ROUNDS):
+            start = time.perf_counter()
+            for b in range(BATCHES):
+                state.put_many({k: value(i) for i, k in enumerate(keys[b * 1000:(b + 1) * 1000])})
+            rates.append(BATCHES * 1000 / (time.perf_counter() - start))
+        latencies = []
+        for i in range(PUTS):
+            start = time.perf_counter()
+            state.put(keys[i], value(i))
+            latencies.append(time.perf_counter() - start)
+        latencies.sort()
+        return statistics.median(rates), latencies[len(latencies) // 2] * 1000, latencies[int(len(latencies) * 0.99)] * 1000
+
+
+def failover(c: LocalCluster) -> tuple[float, float, float]:
+    """Kill -9 a node; seconds until its partitions serve again; re-replication and plain-copy MB/s."""
+    with c.connect(retry_timeout=60.0) as rs:
+        state = rs.value_state("orders")
+        keys = [key_of("uuid", i) for i in range(BATCHES * 1000)]
+        victim = c.nodes()[0]
+        table = rs.backend.refresh()
+        lost = set(table.owned_by(victim.node_id))
+        probes = {}
+        for i, k in enumerate(keys):
+            if rs.partition_of(k) in lost and rs.partition_of(k) not in probes:
+                probes[rs.partition_of(k)] = (k, i)
+        # the reference: a plain copy of one of its partitions' files, as big as what re-replication moves
+        source = os.path.join(victim.data_dir, "store", f"p{min(lost):04d}")
+        copy_to = tempfile.mkdtemp(prefix="rockstate-plain-copy-")
+        shutil.rmtree(copy_to)
+        size = sum(os.path.getsize(os.path.join(source, f)) for f in os.listdir(source))
+        start = time.perf_counter()
+        shutil.copytree(source, copy_to)
+        plain = size / (time.perf_counter() - start) / 1e6
+        shutil.rmtree(copy_to)
+        after = c.status()["events"][-1]["seq"]
+        killed = time.perf_counter()
+        c.kill_node(victim.node_id)
+        for k, i in probes.values():
+            assert state.get(k) == value(i)
+        served = time.perf_counter() - killed
+        c.wait_replicated(120)
+        copies = [e for e in c.status()["events"] if e["seq"] > after and e["event"] == "replica_copied" and e["bytes"] > 1 << 20]
+        replicated = sum(e["bytes"] for e in copies) / max(sum(e["seconds"] for e in copies), 1e-9) / 1e6
+        return served, replicated, plain
+
+
+def main() -> None:
+    root = tempfile.mkdtemp(prefix="rockstate-bench-repl-")
+    rows, base = [], None
+    try:
+        for bc in (0, 1, 2):
+            with cluster(root, bc) as c:
+                rate, p50, p99 = write_path(c)
+                if bc == 1:
+                    served, replicated, plain = failover(c)
+            base = base or (rate, p50)
+            rows.append([f"backup_count={bc}", rate, rate / base[0], p50, p50 / base[1], p99])
+        print_table("batch-1000 put_many and single put, 3 nodes, P=16, sync replication",
+                    ["cluster", "keys/s", "x of 0", "put p50 ms", "x of 0", "put p99 ms"], rows)
+        print_table("kill -9 of a node holding primaries (backup_count=1)",
+                    ["measure", "value", "goal"],
+                    [["seconds until its keys read again", served, f"<= {HEARTBEAT + 0.5:g} (heartbeat_timeout + 0.5)"],
+                     ["re-replication MB/s", replicated, ""],
+                     ["plain copy of the same files MB/s", plain, ""],
+                     ["re-replication / plain copy", replicated / plain, ">= 0.7"]])
+    except RockstateError as e:
+        print(f"benchmark failed: {e}")
+        raise
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,234 @@
+"""The coordinator's side of replicated partitions: it carries out what ``control/in_sync.py`` and
+``control/replica_placement.py`` decide, and puts the replica sets into the table it publishes.
+
+- Every table the coordinator publishes goes through ``decorate``: a primary
+  that changed by a copy (a partition's first owner, a move, a restore from a
+  checkpoint) is given to ``InSyncSets``, and the table carries each
+  partition's backups, in-sync backups and replica epoch.
+- ``ensure`` (after a rebalance, and every few seconds): the backups the
+  replica plan wants and the partition lacks are added (``CatchUp``: the new
+  backup copies the partition from its primary), those it no longer wants
+  dropped; a backup out of sync for longer than a few replica timeouts
+  without a catch-up under way catches up anew (it restarted, or fell too far
+  behind for the primary's log).
+- ``report``: a primary's ``caught_up`` and ``unreachable``; each changes the
+  in-sync set with an epoch bump, published before the primary acknowledges
+  anything without the backup.
+- ``members_dead``: a dead node leaves every replica set; a partition whose
+  primary died gets its most advanced in-sync backup as primary (event
+  ``primary_promoted``), asked until one answers; with none left it waits for
+  the checkpoint restore (``pending`` tells the failover which partitions are
+  still being promoted: they are not restored).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from ..control import replica_placement
+from ..control.in_sync import AskPositions, CatchUp, InSyncSets, Promoted, Publish
+from ..control.membership import MemberStatus
+from ..errors import RockstateError
+from . import protocol as p
+from .table import Table
+
+if TYPE_CHECKING:
+    from .coordinator import Coordinator
+
+log = logging.getLogger(__name__)
+
+CATCH_UP_TIMEOUT = 600.0
+STUCK = 3  # replica timeouts a backup may stay out of sync before it catches up anew
+
+
+class ReplicaControl:
+    def __init__(self, coordinator: "Coordinator", saved: dict) -> None:
+        self.c = coordinator
+        config = coordinator.config
+        self.backup_count, self.replication, self.timeout = config.backup_count, config.replication, config.replica_timeout
+        if saved.get("replicas"):
+            self.sets = InSyncSets.from_wire(self.backup_count, saved["replicas"])
+        else:
+            self.sets = InSyncSets(self.backup_count, [[o] if o else [] for o in coordinator.table.owners])
+        self.zones: dict[str, str] = saved.get("zones", {})
+        self._catching_up: set[tuple[int, str]] = set()
+        self._out_of_sync: dict[tuple[int, str], float] = {}  # since when, as this coordinator saw it
+        self._limit: asyncio.Semaphore | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.backup_count > 0
+
+    def to_wire(self) -> dict:
+        return {"replicas": self.sets.to_wire(), "zones": self.zones} if self.enabled else {}
+
+    # -- the table -------------------------------------------------------------------
+
+    def decorate(self, table: Table) -> tuple[Table, list[CatchUp]]:
+        """``table`` with the replica sets; its owners that changed by a copy are the new primaries."""
+        if not self.enabled:  # a cluster that had backups before a restart without them: none any more
+            return replace(table, backups=(), in_sync=(), replica_epochs=(), backup_count=0), []
+        actions = []
+        lost = self.sets.lost()
+        for pid, owner in enumerate(table.owners):
+            s = self.sets[pid]
+            if owner is None or owner == s.primary or lost.get(pid) == owner:
+                continue
+            actions += self.sets.restored(pid, owner) if pid in lost else self.sets.moved(pid, owner)
+        sets = self.sets.sets
+        table = replace(table, backups=tuple(tuple(s.backups) for s in sets),
+                        in_sync=tuple(tuple(sorted(b for b in s.in_sync if b != s.primary)) for s in sets),
+                        replica_epochs=tuple(s.epoch for s in sets), backup_count=self.backup_count,
+                        replication=self.replication, replica_timeout=self.timeout)
+        return table, [a for a in actions if isinstance(a, CatchUp)]
+
+    def owners(self) -> list[str | None]:
+        """Primaries; a partition waiting for a promotion or a restore keeps its dead one."""
+        lost = self.sets.lost()
+        return [lost.get(pid, s.primary) for pid, s in enumerate(self.sets.sets)]
+
+    async def publish(self) -> None:
+        c = self.c
+        await c._publish(c.table.with_owners(self.owners(), c.membership.addresses()), include_leaving=True)
+
+    def pending(self) -> set[int]:
+        """Partitions whose primary died and whose backups are still being asked: not for a restore."""
+        return {pid for pid in self.sets.lost() if self.sets[pid].backups}
+
+    # -- carrying out actions ----------------------------------------------------------
+
+    async def carry_out(self, actions: list) -> None:
+        if any(isinstance(a, Publish) for a in actions):
+            await self.publish()
+        for a in actions:
+            if isinstance(a, CatchUp):
+                self._spawn_catch_up(a)
+        await asyncio.gather(*(self._elect(a) for a in actions if isinstance(a, AskPositions)))
+
+    def _spawn_catch_up(self, a: CatchUp) -> None:
+        key = (a.partition, a.node)
+        if key in self._catching_up or self.c.membership.members.get(a.node) is None:
+            return
+        self._catching_up.add(key)
+        self.c._spawn(self._catch_up(a))
+
+    async def _catch_up(self, a: CatchUp) -> None:
+        c = self.c
+        if self._limit is None:
+            self._limit = asyncio.Semaphore(c.config.max_concurrent_migrations)
+        try:
+            async with self._limit:
+                s = self.sets[a.partition]
+                if a.node not in s.backups or s.primary is None or a.node in s.in_sync:
+                    return
+                started = time.monotonic()
+                copied = await c.peer(a.node).rpc(c.security).call(p.ReplicaCatchUp(
+                    partition=a.partition, source=c.peer(s.primary).address, epoch=s.epoch), timeout=CATCH_UP_TIMEOUT)
+                c.event("replica_copied", partition=a.partition, node=a.node, primary=s.primary, bytes=copied,
+                        seconds=round(time.monotonic() - started, 3))
+        except (RockstateError, OSError, KeyError) as e:
+            log.warning("backup %s of partition %d could not catch up: %s", a.node, a.partition, e)
+        finally:
+            self._catching_up.discard((a.partition, a.node))
+            self._out_of_sync[a.partition, a.node] = time.monotonic()  # the next try, if needed, after STUCK timeouts
+
+    async def _elect(self, a: AskPositions) -> None:
+        """Ask the in-sync backups of a partition whose primary died how far they are; promote the most advanced."""
+        c = self.c
+        async def ask(node: str) -> tuple[str, int | None]:
+            try:
+                answer = await c.peer(node).rpc(c.security).call(
+                    p.ReplicaPositions(partitions=[a.partition]), timeout=max(2.0, 2 * self.timeout))
+                return node, answer.get(a.partition, answer.get(str(a.partition)))
+            except (RockstateError, OSError, KeyError):
+                return node, None
+
+        answers = dict(await asyncio.gather(*(ask(n) for n in a.nodes)))
+        actions = self.sets.positions(a.partition, {n: seq for n, seq in answers.items() if seq is not None})
+        for act in actions:
+            if isinstance(act, Promoted):
+                c.event("primary_promoted", partition=act.partition, node=act.primary, previous=act.previous,
+                        epoch=act.epoch, position=answers[act.primary])
+        if actions:
+            await self.publish()
+
+    # -- events ------------------------------------------------------------------
+
+    async def before_move(self, pid: int, target: str) -> None:
+        """A partition is about to be copied to ``target`` as its next primary: it stops being a backup there first."""
+        if self.enabled:
+            await self.carry_out(self.sets.leave(pid, target))
+
+    async def members_dead(self, nodes: list[str]) -> None:
+        if self.enabled:
+            await self.carry_out(self.sets.members_dead(nodes))
+
+    async def elect_pending(self) -> None:
+        """Partitions still without a primary whose backups did not answer yet: ask again."""
+        await asyncio.gather(*(self._elect(AskPositions(pid, tuple(sorted(self.sets[pid].backups))))
+                               for pid in sorted(self.pending())))
+
+    async def returned(self, node: str) -> None:
+        if self.enabled:
+            await self.carry_out(self.sets.returned(node))
+
+    async def report(self, msg: p.ReplicaReport, conn) -> None:
+        actions = []
+        for pid, backup, epoch, kind in msg.reports:
+            s = self.sets[pid]
+            if s.primary != msg.node_id:
+                continue  # a deposed primary's report
+            if kind == "caught_up":
+                actions += self.sets.caught_up(pid, backup, epoch)
+            elif kind == "unreachable":
+                done = self.sets.unreachable(pid, backup, epoch)
+                if done:
+                    self._out_of_sync[pid, backup] = time.monotonic()  # the stream may bring it back; else a copy
+                    self.c.event("replica_out_of_sync", partition=pid, node=backup, primary=msg.node_id)
+                actions += [a for a in done if not isinstance(a, CatchUp)]
+        await self.carry_out(actions)
+
+    async def ensure(self) -> None:
+        """Add the backups the plan wants, drop those it does not, restart catch-ups that are stuck."""
+        if not self.enabled or not self.c.membership.alive():
+            return
+        try:
+            await self._ensure()
+        except (RockstateError, OSError) as e:
+            log.warning("replica placement failed (retried): %s", e)
+        except Exception:  # noqa: BLE001 -- a bug here must not stop the next round; say it loudly
+            log.exception("replica placement failed")
+
+    async def _ensure(self) -> None:
+        await self.elect_pending()
+        statuses = self.c.membership.statuses()
+        plan = replica_placement.plan(self.sets.table(), statuses, self.backup_count, self.zones)
+        lost, actions = self.sets.lost(), []
+        for step in plan.steps:
+            s = self.sets[step.partition]
+            if step.partition in lost or plan.target[step.partition][0] != s.primary:
+                continue  # the primary moves or is elected first
+            if step.kind is replica_placement.StepKind.ADD:
+                actions += self.sets.add_backup(step.partition, step.node)
+            elif step.kind is replica_placement.StepKind.DROP:
+                actions += self.sets.drop(step.partition, step.node) or []
+        now = time.monotonic()
+        for pid, s in enumerate(self.sets.sets):
+            for b in s.backups:
+                if b in s.in_sync or (pid, b) in self._catching_up or statuses.get(b) is not MemberStatus.ALIVE:
+                    continue
+                if now - self._out_of_sync.setdefault((pid, b), now) > STUCK * self.timeout:
+                    actions.append(CatchUp(pid, b, s.primary))
+        await self.carry_out(actions)
+
+    # -- status ------------------------------------------------------------------
+
+    def status(self) -> list[dict]:
+        lost = self.sets.lost()
+        return [{"partition": pid, "primary": s.primary, "epoch": s.epoch, "waiting_for_election": pid in lost,
+                 "backups": [{"node": b, "in_sync": b in s.in_sync} for b in s.backups]}
+                for pid, s in enumerate(self.sets.sets)]

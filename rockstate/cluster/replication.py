@@ -1,0 +1,415 @@
+"""A node's side of replicated partitions: the primary's stream to its backups, the backups' side, catch-up.
+
+The primary. Every write to a partition it is primary of goes through
+``Partition.write``, which stores the batch with its sequence number and
+hands it, as stored, to ``shipped`` under the partition's lock: the batch
+joins the partition's log in the order it was applied, whatever made it (a
+client's write or compare-and-set, a staged batch, a commit, a request id, a
+TTL deletion). One sender per backup node sends what the logs of the
+partitions it backs hold past what it applied, one ``ReplicaApply`` at a time
+(batches queued meanwhile, of every partition, ride together), and feeds the
+answers to each partition's ``PrimaryAcks`` (``control/write_acks.py``). A data
+handler answers its client only once ``acknowledged``: every backup the
+primary waits for applied the partition's batches so far (``sync``; ``async``
+answers at once). Reads wait the same way, so nothing read can be lost.
+
+Only the coordinator changes the in-sync set. A backup that cannot be reached,
+or has not applied a batch sent ``replica_timeout`` ago, is reported
+``unreachable``; the primary still waits for it until the coordinator's next
+table (a newer replica epoch without it in sync) says otherwise. A backup that
+applied everything sent is reported ``caught_up``.
+
+A backup applies its primary's batches in order (``BackupApply``: older
+replica epochs are refused as ``stale``, gaps answered with its position, a
+resend skipped). A new or returning backup catches up: the coordinator sends
+``ReplicaCatchUp``; it asks the primary for a hard-link copy (``ReplicaCopy``,
+taken under the write lock at batch S; the primary ships batches after S from
+then on), fetches its files, opens it, and applies the batches after S.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import threading
+import time
+from collections import deque
+from typing import Awaitable, Callable
+
+from ..control.write_acks import BackupApply, PrimaryAcks
+from ..errors import PartitionUnavailableError, ReplicaBehindError, RockstateError, StaleEpochError
+from ..rpc.client import AsyncChannel
+from ..store import Store
+from ..store.store import partition_dir
+from . import protocol as p
+from .moves import MoveSource, fetch_files
+from .table import Table
+
+log = logging.getLogger(__name__)
+
+TAIL = 64  # batches every replica keeps past what its backups applied: a promoted one resends its tail from them
+MAX_LOG = 200_000  # batches a primary keeps for a backup behind; one further behind catches up anew
+MAX_ITEMS_BYTES = 8 << 20  # per ReplicaApply, roughly
+
+
+class NodeReplication:
+    def __init__(self, store_of: Callable[[], Store], node_id: Callable[[], str], peer: Callable[[str], AsyncChannel],
+                 report: Callable[[list], Awaitable[None]], owns: Callable[[int], bool],
+                 retired: Callable[[int], Awaitable[None]]) -> None:
+        self._store_of, self._node_id, self._peer, self._report_to, self._owns = store_of, node_id, peer, report, owns
+        self._retired = retired  # waits until a copy this node served is gone
+        self.table: Table | None = None
+        self.acks: dict[int, PrimaryAcks] = {}  # partitions this node is primary of
+        self.applies: dict[int, BackupApply] = {}  # partitions this node holds a caught-up backup copy of
+        self.logs: dict[int, deque] = {}  # pid -> (seq, stored ops), oldest first
+        self.shipped_to: dict[int, int] = {}  # pid -> the last batch in its log
+        self.sent: dict[tuple[str, int], int] = {}  # (backup, pid) -> its position as the primary knows it
+        self._waiters: dict[int, list[tuple[int, asyncio.Future]]] = {}
+        self._wake: dict[str, asyncio.Event] = {}
+        self._senders: dict[str, asyncio.Task] = {}
+        self._reported: dict[tuple[int, str, str], float] = {}
+        self._catching_up: dict[int, asyncio.Task] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+        self.copies: MoveSource | None = None
+        self.handlers = {p.ReplicaApply: self.apply, p.ReplicaCopy: self.copy, p.ReplicaChunk: self.chunk,
+                         p.ReplicaCatchUp: self.catch_up, p.ReplicaPositions: self.positions}
+
+    @property
+    def store(self) -> Store:
+        return self._store_of()
+
+    def timeout(self) -> float:
+        return self.table.replica_timeout if self.table is not None else 1.0
+
+    # -- roles, from the table -------------------------------------------------------
+
+    def apply_table(self, table: Table, opening=()) -> None:
+        """Take up each partition's role the table gives this node: primary, backup, or none (``opening``: partitions
+        it is about to serve)."""
+        self._loop, self._loop_thread = asyncio.get_running_loop(), threading.get_ident()
+        if self.copies is None:
+            self.copies = MoveSource(self.store, "replicas-out")
+        self.table, me = table, self._node_id()
+        for pid in range(table.partitions):
+            backups, epoch = table.backups_of(pid), table.replica_epoch(pid)
+            if table.owners[pid] == me and table.backup_count > 0 and (self._owns(pid) or pid in opening):
+                self._be_primary(pid, epoch, backups, table.in_sync_of(pid))
+                continue
+            if pid in self.acks:
+                self._stop_primary(pid)
+            if me in backups and pid in self.applies:
+                self.applies[pid].configure(epoch)
+            elif me not in backups:
+                self.drop_backup(pid)
+        for node in {b for pid in self.acks for b in table.backups_of(pid)} - set(self._senders):
+            self._wake[node] = asyncio.Event()
+            self._senders[node] = asyncio.ensure_future(self._send_loop(node))
+
+    def _be_primary(self, pid: int, epoch: int, backups: tuple, in_sync: tuple) -> None:
+        acks = self.acks.get(pid)
+        if acks is None:  # new, or promoted from backup
+            self.applies.pop(pid, None)
+            part = self.store.partition(pid)
+            part.backup, seq = False, part.seq()
+            self.acks[pid] = PrimaryAcks(epoch - 1, dict.fromkeys(in_sync, seq), seq, self.table.replication)
+            self.acks[pid].configure(epoch, backups, in_sync)  # the backups catching up too
+            for b in in_sync:
+                self.sent[b, pid] = seq  # a backup behind answers with its position
+            self.logs[pid] = deque(self.logs.get(pid, ()))  # a backup's tail, unbounded from now on
+            self.shipped_to[pid] = seq
+            part.shipper = self.shipped
+            log.info("primary of partition %d at batch %d, replica epoch %d, backups %s", pid, seq, epoch, list(backups))
+        else:
+            self._resolve(pid, acks.configure(epoch, backups, in_sync))
+        for b in backups:
+            if b in self._wake:
+                self._wake[b].set()
+
+    def _stop_primary(self, pid: int) -> None:
+        del self.acks[pid]
+        try:
+            self.store.partition(pid).shipper = None
+        except RockstateError:
+            pass
+        for _, fut in self._waiters.pop(pid, []):
+            if not fut.done():
+                fut.set_exception(PartitionUnavailableError(f"partition {pid} has a new primary; retry", partition=pid))
+
+    def drop_backup(self, pid: int) -> None:
+        if pid in self.applies or pid in self._catching_up:
+            self._drop_backup(pid)
+
+    def _drop_backup(self, pid: int) -> None:
+        self.applies.pop(pid, None)
+        task = self._catching_up.pop(pid, None)
+        if task is not None:
+            task.cancel()
+        if not self._owns(pid):
+            self.store.close_partition(pid, drop=True)
+
+    def diverged(self, pid: int) -> None:
+        """The primary's copy was replaced (a restore): its backups no longer hold a prefix of it; they catch up anew."""
+        acks = self.acks.pop(pid, None)
+        if acks is None:
+            return
+        part = self.store.partition(pid)
+        seq = part.seq()
+        self.acks[pid] = PrimaryAcks(acks.epoch - 1, dict.fromkeys(acks.in_sync, 0), seq, self.table.replication)
+        self.acks[pid].configure(acks.epoch, self.table.backups_of(pid), acks.in_sync)  # waits until the coordinator drops them
+        self.logs[pid], self.shipped_to[pid] = deque(), seq
+        for b in self.table.backups_of(pid):
+            self.sent.pop((b, pid), None)
+            self._report(pid, b, "unreachable")
+
+    # -- the primary ---------------------------------------------------------------
+
+    def shipped(self, pid: int, seq: int, stored: list) -> None:
+        """From ``Partition.write``, under the partition's lock (on any thread)."""
+        self.logs[pid].append((seq, stored))
+        self.shipped_to[pid] = seq
+        if threading.get_ident() == self._loop_thread:
+            self._sent(pid)
+        else:
+            self._loop.call_soon_threadsafe(self._sent, pid)
+
+    def _sent(self, pid: int) -> None:
+        acks = self.acks.get(pid)
+        if acks is None:
+            return
+        now = time.monotonic()
+        while acks.last_sent < self.shipped_to[pid]:
+            acks.send(now)
+        self._resolve(pid, [])  # async: acknowledged when sent
+        for b in self.table.backups_of(pid):
+            if b in self._wake:
+                self._wake[b].set()
+
+    async def acknowledged(self, pids) -> None:
+        """Once every backup the primary waits for applied the batches of ``pids`` so far."""
+        for pid in pids:
+            acks = self.acks.get(pid)
+            if acks is None:
+                continue
+            self._sent(pid)
+            seq = self.shipped_to[pid]
+            if acks.acked >= seq:
+                continue
+            fut = asyncio.get_running_loop().create_future()
+            self._waiters.setdefault(pid, []).append((seq, fut))
+            try:
+                await asyncio.wait_for(fut, 4 * self.timeout() + 5.0)
+            except TimeoutError:
+                raise PartitionUnavailableError(
+                    f"partition {pid}'s backups have not applied its batch {seq}; retry", partition=pid) from None
+
+    def _resolve(self, pid: int, newly: list) -> None:
+        acks, waiting = self.acks.get(pid), self._waiters.get(pid)
+        if acks is None or not waiting:
+            return
+        keep = []
+        for seq, fut in waiting:
+            if fut.done():
+                continue
+            if acks.acked >= seq:
+                fut.set_result(None)
+            else:
+                keep.append((seq, fut))
+        self._waiters[pid] = keep
+
+    async def _send_loop(self, node: str) -> None:
+        wake = self._wake[node]
+        while True:
+            try:
+                await asyncio.wait_for(wake.wait(), self.timeout() / 4)
+            except TimeoutError:
+                pass
+            wake.clear()
+            try:
+                await self._send_once(node)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 -- a sender must go on: log and retry
+                log.exception("replication to %s failed", node)
+                await asyncio.sleep(0.1)
+
+    async def _send_once(self, node: str) -> None:
+        now, items, size = time.monotonic(), [], 0
+        pids = [pid for pid in self.acks if node in self.table.backups_of(pid)]
+        for pid in pids:
+            acks = self.acks[pid]
+            if node in acks.overdue(now, self.timeout()):
+                self._report(pid, node, "unreachable")
+            if node in acks.joining:  # until the coordinator's table has it in sync (a report may have crossed a change)
+                self._report(pid, node, "caught_up")
+            start = self.sent.get((node, pid))
+            if start is None or size > MAX_ITEMS_BYTES:
+                continue
+            entries = self._log_after(pid, start)
+            if entries is None:
+                self._report(pid, node, "unreachable")  # too far behind: it catches up anew
+                continue
+            for seq, stored in entries:
+                items.append([pid, acks.epoch, seq, stored])
+                size += 64 + sum(len(op[2]) * 16 for op in stored if isinstance(op[2], list))
+            if not entries and node not in acks.waits():
+                items.append([pid, acks.epoch, 0, None])  # a probe: is its copy open, is it caught up?
+        self._trim(pids)
+        if not items:
+            return
+        address = self.table.addresses.get(node)
+        try:
+            if address is None:
+                raise PartitionUnavailableError(f"backup {node} has no address")
+            replies = await self._peer(address).call(p.ReplicaApply(items=items), timeout=self.timeout())
+        except RockstateError as e:
+            log.warning("backup %s did not apply batches of partitions %s: %s", node, sorted({i[0] for i in items})[:8], e)
+            for pid in {i[0] for i in items}:
+                self._report(pid, node, "unreachable")
+            await asyncio.sleep(min(0.2, self.timeout() / 4))
+            return
+        for pid, applied, status in replies:
+            acks = self.acks.get(pid)
+            if acks is None:
+                continue
+            if status == "not_ready":
+                continue
+            self.sent[node, pid] = applied  # behind: resent from there
+            self._resolve(pid, acks.applied(node, applied))
+            if node not in acks.in_sync and status == "ok" and acks.caught_up(node):
+                self._report(pid, node, "caught_up")
+        self._wake[node].set()  # more may have queued meanwhile
+
+    def _log_after(self, pid: int, seq: int) -> list | None:
+        entries = self.logs[pid]
+        if not entries or entries[-1][0] <= seq:
+            return []
+        if entries[0][0] > seq + 1:
+            return None
+        return [e for e in entries if e[0] > seq]
+
+    def _trim(self, pids) -> None:
+        for pid in pids:
+            entries = self.logs[pid]
+            known = [self.sent[b, pid] for b in self.table.backups_of(pid) if (b, pid) in self.sent]
+            floor = min(known, default=self.shipped_to[pid])
+            while len(entries) > MAX_LOG or (len(entries) > TAIL and entries[0][0] <= floor):
+                entries.popleft()
+
+    def _report(self, pid: int, node: str, kind: str) -> None:
+        """Tell the coordinator, at most once per replica timeout for the same thing."""
+        key, now = (pid, node, kind), time.monotonic()
+        if now - self._reported.get(key, -1e9) < self.timeout():
+            return
+        self._reported[key] = now
+        epoch = self.table.replica_epoch(pid)
+        asyncio.ensure_future(self._send_report([[pid, node, epoch, kind]]))
+
+    async def _send_report(self, reports: list) -> None:
+        try:
+            await self._report_to(reports)
+        except RockstateError as e:
+            log.warning("could not report %s to the coordinator: %s", reports, e)
+
+    # -- a new backup's copy, on the primary ----------------------------------------------
+
+    async def copy(self, msg: p.ReplicaCopy, conn) -> dict:
+        pid = msg.partition
+        if pid not in self.acks or msg.node not in self.table.backups_of(pid):
+            raise PartitionUnavailableError(f"this node is not partition {pid}'s primary with backup {msg.node}", partition=pid)
+        seq = await asyncio.to_thread(self._take_copy, pid, msg.node)
+        return {"files": self.copies.listing(self._copy_name(pid, msg.node)), "seq": seq}
+
+    def _copy_name(self, pid: int, node: str) -> str:
+        return f"{partition_dir(pid)}-{node}"
+
+    def _take_copy(self, pid: int, node: str) -> int:
+        part = self.store.partition(pid)
+        part.flush()
+        with part.lock:  # batches after the copy's are the ones shipped to it
+            seq = part.seq()
+            self.copies.take(part, self._copy_name(pid, node))
+            self.sent[node, pid] = seq
+        return seq
+
+    async def chunk(self, msg: p.ReplicaChunk, conn) -> bytes:
+        return await asyncio.to_thread(self.copies.read, self._copy_name(msg.partition, msg.node), msg.name, msg.offset, msg.length)
+
+    # -- the backup --------------------------------------------------------------------
+
+    async def apply(self, msg: p.ReplicaApply, conn) -> list:
+        answers: dict[int, list] = {}
+        for pid, epoch, seq, stored in msg.items:
+            backup = self.applies.get(pid)
+            if backup is None:
+                answers[pid] = [pid, 0, "not_ready"]
+                continue
+            if answers.get(pid, [0, 0, "ok"])[2] != "ok":
+                continue
+            if stored is None:  # the primary asks where this copy is
+                answers[pid] = [pid, backup.last_applied, "ok"]
+                continue
+            try:
+                if backup.check(epoch, seq):
+                    self.store.partition(pid).apply_replicated(seq, stored)
+                    backup.applied(seq)
+                    tail = self.logs.setdefault(pid, deque(maxlen=TAIL))
+                    tail.append((seq, stored))
+                status = "ok"
+            except StaleEpochError:
+                status = "stale"
+            except ReplicaBehindError:
+                status = "behind"
+            answers[pid] = [pid, backup.last_applied, status]
+        return list(answers.values())
+
+    async def catch_up(self, msg: p.ReplicaCatchUp, conn) -> int:
+        pid = msg.partition
+        if self._owns(pid):
+            raise PartitionUnavailableError(f"partition {pid} is served here as primary; no backup copy", partition=pid)
+        task = self._catching_up.get(pid)
+        if task is None or task.done():
+            task = self._catching_up[pid] = asyncio.ensure_future(self._catch_up(pid, msg.source, msg.epoch))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.cancelled():
+                raise  # this handler itself is cancelled (the node stops)
+            raise PartitionUnavailableError(f"this node is no longer a backup of partition {pid}", partition=pid) from None
+
+    async def _catch_up(self, pid: int, source: str, epoch: int) -> int:
+        self.applies.pop(pid, None)
+        await self._retired(pid)
+        self.store.close_partition(pid)  # replace_partitions puts the new copy in its place
+        target = os.path.join(self.store.path, "replicas-in", partition_dir(pid))
+        channel = self._peer(source)
+        try:
+            reply = await channel.call(p.ReplicaCopy(partition=pid, node=self._node_id()), timeout=600.0)
+            copied = await fetch_files(reply["files"], target, lambda name, offset, length: channel.call(
+                p.ReplicaChunk(partition=pid, node=self._node_id(), name=name, offset=offset, length=length)))
+            await asyncio.to_thread(self.store.replace_partitions, {pid: target})
+        except BaseException:
+            shutil.rmtree(target, ignore_errors=True)
+            raise
+        finally:
+            self._catching_up.pop(pid, None)
+        part = self.store.partition(pid)
+        part.backup = True
+        self.applies[pid] = BackupApply(max(epoch, self.table.replica_epoch(pid)), part.seq())
+        log.info("backup copy of partition %d from %s at batch %d (%d bytes)", pid, source, part.seq(), copied)
+        return copied
+
+    async def positions(self, msg: p.ReplicaPositions, conn) -> dict:
+        return {pid: self.applies[pid].last_applied for pid in msg.partitions if pid in self.applies}
+
+    def backup_copy(self, pid: int) -> bool:
+        return pid in self.applies
+
+    async def stop(self) -> None:
+        for pid in list(self.acks):
+            self._stop_primary(pid)
+        for task in [*self._senders.values(), *self._catching_up.values()]:
+            task.cancel()
+        await asyncio.gather(*self._senders.values(), *self._catching_up.values(), return_exceptions=True)
