@@ -223,6 +223,8 @@ def cmd_status(args: argparse.Namespace) -> None:
         table.add_row(n["node_id"], n["address"], n["status"], str(n["partitions"]), human(f.get("rss_bytes")),
                       human((f.get("disk") or {}).get("used_bytes")), f"{n['last_seen']:.1f}s")
     console.print(table)
+    if status.get("replicas"):
+        _print_replicas(console, status)
     if status.get("pipelines"):
         pipes = _table("pipeline", "batch", "rows in", "rows out", "seconds", "updated", title="pipelines")
         for r in status["pipelines"]:
@@ -235,6 +237,19 @@ def cmd_status(args: argparse.Namespace) -> None:
         for e in status["events"][-10:]:
             events.add_row(e["event"], ", ".join(f"{k}={v}" for k, v in e.items() if k not in ("event", "time", "seq")))
         console.print(events)
+
+
+def _print_replicas(console, status: dict) -> None:
+    """Each partition's primary and backups; a backup not in sync is marked (catching up)."""
+    short = [r for r in status["replicas"] if r["waiting_for_election"] or len(r["backups"]) < status["backup_count"]
+             or not all(b["in_sync"] for b in r["backups"])]
+    console.print(f"replicas: {status['backup_count']} backup(s) per partition, {status.get('replication', 'sync')}; "
+                  + (f"[bold yellow]{len(short)} partitions short of in-sync backups[/]" if short else "every backup in sync"))
+    table = _table("partition", "primary", "backups", "epoch", title="replicas")
+    for r in status["replicas"]:
+        backups = ", ".join(b["node"] + ("" if b["in_sync"] else " (catching up)") for b in r["backups"]) or "-"
+        table.add_row(str(r["partition"]), r["primary"] or "(electing)", backups, str(r["epoch"]))
+    console.print(table)
 
 
 def cmd_demo(args: argparse.Namespace) -> None:

@@ -36,7 +36,8 @@ from .table import Table
 
 class ClusterBackend:
     def __init__(self, address: str, *, timeout: float = 30.0, retry_timeout: float = 30.0,
-                 secret: bytes | str | None = None, ssl: SSLContext | None = None, wait: bool = False) -> None:
+                 secret: bytes | str | None = None, ssl: SSLContext | None = None, wait: bool = False,
+                 read_from_backup: bool = False) -> None:
         """``secret``: the cluster's shared secret (default: $ROCKSTATE_SECRET); ``ssl``: a client TLS context.
 
         ``wait``: retry the first contact with the coordinator too (a Spark
@@ -46,6 +47,7 @@ class ClusterBackend:
         """
         self.address = address
         self.retry_timeout = retry_timeout
+        self.read_from_backup = read_from_backup
         self.retry = Retry(deadline=retry_timeout)
         self._timeout = timeout
         self._secret = load_secret(None) if secret is None else secret
@@ -95,8 +97,9 @@ class ClusterBackend:
                 channel = self._channels[address] = self._new_channel(address)
             return channel
 
-    def _routed(self, groups: dict[int, Any], make: Callable[[int, list], p.Write | p.Read]) -> dict[int, Any]:
-        """Send each partition's group to its owner, one request per owner; retry what failed."""
+    def _routed(self, groups: dict[int, Any], make: Callable[[int, list], p.Write | p.Read],
+                address_of: Callable[[Table, int], str | None] = Table.owner_address) -> dict[int, Any]:
+        """Send each partition's group to its owner (or ``address_of``), one request per node; retry what failed."""
         results: dict[int, Any] = {}
         pending = dict(groups)
 
@@ -104,7 +107,7 @@ class ClusterBackend:
             table = self.table
             by_owner: dict[str | None, list[int]] = {}
             for pid in pending:
-                by_owner.setdefault(table.owner_address(pid), []).append(pid)
+                by_owner.setdefault(address_of(table, pid), []).append(pid)
             last_error: RockstateError | None = None
             unowned = by_owner.pop(None, [])
             if unowned:
@@ -168,6 +171,9 @@ class ClusterBackend:
         self._routed(ops_by_pid, lambda epoch, groups: p.Write(epoch=epoch, groups=groups, request=request))
 
     def get_many(self, state: str, keys_by_pid: dict[int, list[bytes]]) -> dict[int, list[bytes | None]]:
+        if self.read_from_backup:
+            return self._routed(keys_by_pid, lambda epoch, groups: p.Read(epoch=epoch, state=state, groups=groups, backup=True),
+                                _backup_address)
         return self._routed(keys_by_pid, lambda epoch, groups: p.Read(epoch=epoch, state=state, groups=groups))
 
     def compare_and_set(self, state: str, pid: int, key: bytes, expected: bytes | None, new: bytes) -> bool:
@@ -270,6 +276,14 @@ class ClusterBackend:
             self._channels.clear()
 
 
+def _backup_address(table: Table, pid: int) -> str | None:
+    """A stale read's node: the partition's first in-sync backup, else its primary."""
+    for node in table.in_sync_of(pid):
+        if node in table.addresses:
+            return table.addresses[node]
+    return table.owner_address(pid)
+
+
 class Subscription:
     """A thread that long-polls the coordinator for events; ``close()`` stops it.
 
@@ -350,12 +364,15 @@ CLIENT_SETTINGS = {
             "that cannot be reached, a wrong address or a TLS mismatch is reported at once",
     "secret": "the cluster's shared secret, str or bytes (None: $ROCKSTATE_SECRET, if set)",
     "ssl": "an ssl.SSLContext for a cluster with TLS, e.g. rockstate.cluster.security.client_context(ca_file)",
+    "read_from_backup": "serve reads from an in-sync backup of each partition (stale reads: they may miss the latest "
+                        "writes, and a key read twice may go back in time); writes still go to the primary",
 }
 
 
 def connect(address: str, *, timeout: float = 30.0, retry_timeout: float = 30.0, wait: bool = False,
-            secret: bytes | str | None = None, ssl: SSLContext | None = None) -> Rockstate:
-    return Rockstate(ClusterBackend(address, timeout=timeout, retry_timeout=retry_timeout, wait=wait, secret=secret, ssl=ssl))
+            secret: bytes | str | None = None, ssl: SSLContext | None = None, read_from_backup: bool = False) -> Rockstate:
+    return Rockstate(ClusterBackend(address, timeout=timeout, retry_timeout=retry_timeout, wait=wait, secret=secret, ssl=ssl,
+                                    read_from_backup=read_from_backup))
 
 
 connect.__doc__ = """A client of the cluster whose coordinator is at ``address`` ("host:port"; several coordinators

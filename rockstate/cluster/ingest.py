@@ -104,6 +104,10 @@ def upload_and_ingest(channel: "Channel", epoch: int, pid: int, state: str, path
 # -- the node's side ---------------------------------------------------------------
 
 
+async def _nothing(pid: int) -> None:
+    """Unreplicated: an ingest is done once the file is in."""
+
+
 class SstIngestor:
     """A node's handlers for ``IngestChunk``, ``IngestSst`` and ``IngestAbort``."""
 
@@ -111,6 +115,7 @@ class SstIngestor:
         self.gate = gate
         self.store: Store = None  # type: ignore[assignment] -- the node opens it once registered
         self._last_sweep = 0.0
+        self.resync = _nothing  # replication.NodeReplication.resync: an SST file is no batch its backups could apply
         self.handlers = {p.IngestChunk: self.chunk, p.IngestSst: self.ingest, p.IngestAbort: self.abort}
 
     @property
@@ -147,9 +152,11 @@ class SstIngestor:
         try:
             # the same checks as a write: waits while the partition is frozen, NOT_OWNER if not ours at that epoch
             [pid] = await self.gate.writable([msg.partition], msg.epoch)
-            return await asyncio.to_thread(self._ingest, pid, msg, path)
+            size = await asyncio.to_thread(self._ingest, pid, msg, path)
         finally:
             _remove(path)
+        await self.resync(pid)  # acknowledged once no backup without the file counts as in sync
+        return size
 
     def _ingest(self, pid: int, msg: p.IngestSst, path: str) -> int:
         """Check the upload, then ingest it under the partition's write lock (blocking)."""

@@ -52,12 +52,13 @@ class MoveSource:
     def _dir(self, name: str) -> str:
         return os.path.join(self.root, name)
 
-    def take(self, part, name: str, record: bool = False) -> None:
-        """A hard-link copy of ``part`` as ``name`` (blocking); ``record``: record writes from now on."""
+    def take(self, part, name: str, record: bool = False, then=None) -> None:
+        """A hard-link copy of ``part`` as ``name`` (blocking); ``record``: record writes from now on; ``then``: run
+        under the partition's lock right after the copy."""
         target = self._dir(name)
         shutil.rmtree(target, ignore_errors=True)
         os.makedirs(self.root, exist_ok=True)
-        part.hard_link_copy(target, record=record)
+        part.hard_link_copy(target, record=record, then=then)
 
     def listing(self, name: str) -> list[list]:
         return [[f, os.path.getsize(os.path.join(self._dir(name), f))] for f in sorted(os.listdir(self._dir(name)))]

@@ -72,6 +72,7 @@ class Node:
         self.replication = NodeReplication(lambda: self.store, lambda: self.node_id, self._replica_peer,
                                            self._report_replicas, self.gate.ownership.owns, self._settled)  # cluster/replication.py
         self.data.acknowledged, self.data.backup_copy = self.replication.acknowledged, self.replication.backup_copy
+        self.ingestor.resync = self.replication.resync
         self.handlers = {
             **self.data.handlers,
             p.ApplyTable: self.apply_table,

@@ -11,9 +11,10 @@
   dropped; a backup out of sync for longer than a few replica timeouts
   without a catch-up under way catches up anew (it restarted, or fell too far
   behind for the primary's log).
-- ``report``: a primary's ``caught_up`` and ``unreachable``; each changes the
-  in-sync set with an epoch bump, published before the primary acknowledges
-  anything without the backup.
+- ``report``: a primary's ``caught_up``, ``unreachable`` and ``diverged``
+  (its copy was restored or got an SST file: the backup copies it anew at
+  once); each changes the in-sync set with an epoch bump, published before
+  the primary acknowledges anything without the backup.
 - ``members_dead``: a dead node leaves every replica set; a partition whose
   primary died gets its most advanced in-sync backup as primary (event
   ``primary_promoted``), asked until one answers; with none left it waits for
@@ -184,12 +185,13 @@ class ReplicaControl:
                 continue  # a deposed primary's report
             if kind == "caught_up":
                 actions += self.sets.caught_up(pid, backup, epoch)
-            elif kind == "unreachable":
+            elif kind in ("unreachable", "diverged"):
                 done = self.sets.unreachable(pid, backup, epoch)
                 if done:
                     self._out_of_sync[pid, backup] = time.monotonic()  # the stream may bring it back; else a copy
-                    self.c.event("replica_out_of_sync", partition=pid, node=backup, primary=msg.node_id)
-                actions += [a for a in done if not isinstance(a, CatchUp)]
+                    self.c.event("replica_out_of_sync", partition=pid, node=backup, primary=msg.node_id, reason=kind)
+                # diverged (the primary's copy was restored or got an SST file): only a new copy brings it back
+                actions += [a for a in done if kind == "diverged" or not isinstance(a, CatchUp)]
         await self.carry_out(actions)
 
     async def ensure(self) -> None:

@@ -5,7 +5,8 @@ The primary. Every write to a partition it is primary of goes through
 hands it, as stored, to ``shipped`` under the partition's lock: the batch
 joins the partition's log in the order it was applied, whatever made it (a
 client's write or compare-and-set, a staged batch, a commit, a request id, a
-TTL deletion). One sender per backup node sends what the logs of the
+TTL deletion; an SST ingest, which is no batch, makes the backups catch up
+anew: ``resync``). One sender per backup node sends what the logs of the
 partitions it backs hold past what it applied, one ``ReplicaApply`` at a time
 (batches queued meanwhile, of every partition, ride together), and feeds the
 answers to each partition's ``PrimaryAcks`` (``control/write_acks.py``). A data
@@ -42,6 +43,8 @@ from ..control.write_acks import BackupApply, PrimaryAcks
 from ..errors import PartitionUnavailableError, ReplicaBehindError, RockstateError, StaleEpochError
 from ..rpc.client import AsyncChannel
 from ..store import Store
+from ..ops import RAW_PUT
+from ..store.partition import REPLICATION
 from ..store.store import partition_dir
 from . import protocol as p
 from .moves import MoveSource, fetch_files
@@ -52,6 +55,7 @@ log = logging.getLogger(__name__)
 TAIL = 64  # batches every replica keeps past what its backups applied: a promoted one resends its tail from them
 MAX_LOG = 200_000  # batches a primary keeps for a backup behind; one further behind catches up anew
 MAX_ITEMS_BYTES = 8 << 20  # per ReplicaApply, roughly
+MAX_ITEMS = 2000  # batches per ReplicaApply
 
 
 class NodeReplication:
@@ -73,6 +77,7 @@ class NodeReplication:
         self._catching_up: dict[int, asyncio.Task] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
+        self._stopping = False
         self.copies: MoveSource | None = None
         self.handlers = {p.ReplicaApply: self.apply, p.ReplicaCopy: self.copy, p.ReplicaChunk: self.chunk,
                          p.ReplicaCatchUp: self.catch_up, p.ReplicaPositions: self.positions}
@@ -104,7 +109,7 @@ class NodeReplication:
                 self.applies[pid].configure(epoch)
             elif me not in backups:
                 self.drop_backup(pid)
-        for node in {b for pid in self.acks for b in table.backups_of(pid)} - set(self._senders):
+        for node in {b for pid in self.acks for b in table.backups_of(pid)} - set(self._senders) if not self._stopping else ():
             self._wake[node] = asyncio.Event()
             self._senders[node] = asyncio.ensure_future(self._send_loop(node))
 
@@ -162,7 +167,17 @@ class NodeReplication:
         self.logs[pid], self.shipped_to[pid] = deque(), seq
         for b in self.table.backups_of(pid):
             self.sent.pop((b, pid), None)
-            self._report(pid, b, "unreachable")
+            self._reported.pop((pid, b, "diverged"), None)
+            self._report(pid, b, "diverged")
+
+    async def resync(self, pid: int) -> None:
+        """The primary's copy changed outside its batches (an SST ingest): its backups catch up anew, and this
+        returns once the coordinator no longer counts them in sync (or they caught up)."""
+        if pid not in self.acks:
+            return
+        self.diverged(pid)
+        self.store.partition(pid).write([(RAW_PUT, REPLICATION, b"resync", b"")])  # a batch only a new copy holds
+        await self.acknowledged([pid])
 
     # -- the primary ---------------------------------------------------------------
 
@@ -221,7 +236,7 @@ class NodeReplication:
 
     async def _send_loop(self, node: str) -> None:
         wake = self._wake[node]
-        while True:
+        while not self._stopping:  # not only cancellation: wait_for can swallow one that crosses its timeout
             try:
                 await asyncio.wait_for(wake.wait(), self.timeout() / 4)
             except TimeoutError:
@@ -245,13 +260,15 @@ class NodeReplication:
             if node in acks.joining:  # until the coordinator's table has it in sync (a report may have crossed a change)
                 self._report(pid, node, "caught_up")
             start = self.sent.get((node, pid))
-            if start is None or size > MAX_ITEMS_BYTES:
+            if start is None and node in acks.in_sync:
+                self._report(pid, node, "diverged")  # its copy is not this primary's any more (a restore, an ingest)
+            if start is None or size > MAX_ITEMS_BYTES or len(items) >= MAX_ITEMS:
                 continue
             entries = self._log_after(pid, start)
             if entries is None:
                 self._report(pid, node, "unreachable")  # too far behind: it catches up anew
                 continue
-            for seq, stored in entries:
+            for seq, stored in entries[:MAX_ITEMS]:
                 items.append([pid, acks.epoch, seq, stored])
                 size += 64 + sum(len(op[2]) * 16 for op in stored if isinstance(op[2], list))
             if not entries and node not in acks.waits():
@@ -326,13 +343,14 @@ class NodeReplication:
         return f"{partition_dir(pid)}-{node}"
 
     def _take_copy(self, pid: int, node: str) -> int:
-        part = self.store.partition(pid)
-        part.flush()
-        with part.lock:  # batches after the copy's are the ones shipped to it
-            seq = part.seq()
-            self.copies.take(part, self._copy_name(pid, node))
-            self.sent[node, pid] = seq
-        return seq
+        part, at = self.store.partition(pid), []
+
+        def position() -> None:  # under the write lock: the batches after the copy's are the ones shipped to it
+            at.append(part.seq())
+            self.sent[node, pid] = at[0]
+
+        self.copies.take(part, self._copy_name(pid, node), then=position)
+        return at[0]
 
     async def chunk(self, msg: p.ReplicaChunk, conn) -> bytes:
         return await asyncio.to_thread(self.copies.read, self._copy_name(msg.partition, msg.node), msg.name, msg.offset, msg.length)
@@ -340,8 +358,11 @@ class NodeReplication:
     # -- the backup --------------------------------------------------------------------
 
     async def apply(self, msg: p.ReplicaApply, conn) -> list:
+        return await asyncio.to_thread(self._apply, msg.items)  # off the loop: a catching-up backup gets thousands
+
+    def _apply(self, items: list) -> list:
         answers: dict[int, list] = {}
-        for pid, epoch, seq, stored in msg.items:
+        for pid, epoch, seq, stored in items:
             backup = self.applies.get(pid)
             if backup is None:
                 answers[pid] = [pid, 0, "not_ready"]
@@ -355,13 +376,14 @@ class NodeReplication:
                 if backup.check(epoch, seq):
                     self.store.partition(pid).apply_replicated(seq, stored)
                     backup.applied(seq)
-                    tail = self.logs.setdefault(pid, deque(maxlen=TAIL))
-                    tail.append((seq, stored))
+                    self.logs.setdefault(pid, deque(maxlen=TAIL)).append((seq, stored))
                 status = "ok"
             except StaleEpochError:
                 status = "stale"
             except ReplicaBehindError:
                 status = "behind"
+            except RockstateError:  # its copy closed meanwhile (dropped, replaced)
+                status = "not_ready"
             answers[pid] = [pid, backup.last_applied, status]
         return list(answers.values())
 
@@ -408,6 +430,9 @@ class NodeReplication:
         return pid in self.applies
 
     async def stop(self) -> None:
+        self._stopping = True
+        for wake in self._wake.values():
+            wake.set()
         for pid in list(self.acks):
             self._stop_primary(pid)
         for task in [*self._senders.values(), *self._catching_up.values()]:

@@ -214,12 +214,13 @@ class Partition:
         except Exception:  # noqa: BLE001 -- closed or dropped meanwhile: the caller's next step says so
             pass
 
-    def hard_link_copy(self, target: str, record: bool = False) -> float:
+    def hard_link_copy(self, target: str, record: bool = False, then: Callable[[], None] | None = None) -> float:
         """A RocksDB checkpoint (hard links) into ``target``, which must not exist; returns how long writes paused.
 
         The memtables are flushed first, outside the lock, so little is left to
         flush while writes wait. With ``record``, every write after the copy is
-        recorded, to be taken by ``take_recorded`` (a move's last delta).
+        recorded, to be taken by ``take_recorded`` (a move's last delta). ``then`` runs under the lock
+        right after the copy (a replica copy's position).
         """
         self.flush()
         with self.lock:
@@ -227,6 +228,8 @@ class Partition:
             Checkpoint(self._open()).create_checkpoint(target)
             if record:
                 self._recording = []
+            if then is not None:
+                then()
             return time.perf_counter() - start
 
     def take_recorded(self, stop: bool = True) -> list:

@@ -95,6 +95,7 @@ async def cluster_status(coordinator) -> dict:
         "moves": _moves(events),
         "failovers": sorted(c.failovers),
         "backup_count": c.config.backup_count,
+        "replication": c.config.replication,
         "replicas": c.replicas.status() if c.replicas.enabled else [],  # primary, backups, in sync
         "events": events[-EVENTS:],
         "pipelines": sorted(c.pipelines.values(), key=lambda r: -r.get("updated", 0)),

@@ -4,12 +4,16 @@ compare-and-sets and appends, checked by the history checker: no violation, and 
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 
 import pytest
 
+from rockstate.cluster.ingest import write_sst
 from rockstate.cluster.local import LocalCluster, wait_until
 from rockstate.errors import RockstateError
+from rockstate.serde import _pack
 from rockstate.testing.history import History, check_history
 
 from .test_linearizability import Workload, keys_for
@@ -137,3 +141,47 @@ def test_a_kill_during_re_replication_loses_nothing(tmp_path):
     report = check_history(history)
     print(report, load.kinds(), len(copying))
     assert report.ok and not report.documented_loss and "partition_restored" not in events, str(report)
+
+
+@pytest.mark.timeout(120)
+def test_an_ingested_sst_file_survives_its_primarys_death(tmp_path):
+    """An SST file is no batch a backup can apply: the backups catch up anew, and the ingest is acknowledged
+    only once no backup without the file counts as in sync; then the primary is killed."""
+    with LocalCluster(nodes=3, partitions=4, root=str(tmp_path / "cluster"), heartbeat_timeout=HEARTBEAT_TIMEOUT) as cluster:
+        with cluster.connect(retry_timeout=30) as rs:
+            state, backend = rs.value_state("loaded"), rs.backend
+            keys = [f"device-{i:05d}" for i in range(3000)]
+            for pid in range(4):
+                mine = sorted((_pack(k), _pack({"seen": "2026-11-23", "n": len(k)})) for k in keys if rs.partition_of(k) == pid)
+                path = str(tmp_path / f"p{pid}.sst")
+                write_sst(path, [k for k, _ in mine], [v for _, v in mine])
+                assert backend.ingest_sst("loaded", pid, path) > 0
+            state.put("after-the-load", 1)  # a batch after the file, on one partition
+            cluster.wait_replicated(60)  # the backups copied the partitions anew (until then, fewer replicas)
+            victim = backend.refresh().owners[0]
+            after = last_event(cluster)
+            cluster.kill_node(victim)
+            wait_until(lambda: promoted(cluster, after), 30, "a promotion")
+            assert state.get_many(keys) == [{"seen": "2026-11-23", "n": len(k)} for k in keys]
+            assert state.get("after-the-load") == 1
+
+
+@pytest.mark.timeout(120)
+def test_read_from_backup_answers_while_the_primary_is_stopped(tmp_path):
+    """A stale-read client reads the backups: with the primary's process stopped (SIGSTOP), it still answers;
+    a client reading primaries (linearizable) cannot until the process goes on."""
+    with LocalCluster(nodes=2, partitions=4, root=str(tmp_path / "cluster"), heartbeat_timeout=30.0) as cluster:
+        with cluster.connect() as rs, cluster.connect(read_from_backup=True, retry_timeout=5.0) as stale, \
+                cluster.connect(retry_timeout=1.0, timeout=1.0) as strict:
+            orders = {f"order-{i}": {"amount": i, "day": "2026-11-23"} for i in range(200)}
+            rs.value_state("orders").put_many(orders)
+            primary = cluster.node(rs.backend.refresh().owners[0])
+            on_primary = [k for k in orders if rs.partition_of(k) == 0]
+            os.kill(primary.pid, signal.SIGSTOP)
+            try:
+                assert stale.value_state("orders").get_many(on_primary) == [orders[k] for k in on_primary]
+                with pytest.raises(RockstateError):
+                    strict.value_state("orders").get(on_primary[0])
+            finally:
+                os.kill(primary.pid, signal.SIGCONT)
+            assert strict.value_state("orders").get(on_primary[0]) == orders[on_primary[0]]

@@ -121,7 +121,7 @@ def test_tables_fit_80_columns_with_whole_headers(cluster, monkeypatch):
 def test_client_settings_are_documented():
     doc = inspect.getdoc(rockstate.connect)
     configuration = (DOCS / "configuration.md").read_text()
-    for name in ("retry_timeout", "timeout", "wait", "secret", "ssl"):
+    for name in ("retry_timeout", "timeout", "wait", "secret", "ssl", "read_from_backup"):
         assert name in inspect.signature(rockstate.connect).parameters
         assert f"{name}: {CLIENT_SETTINGS[name]}" in doc
         assert f"| `{name}` |" in configuration
