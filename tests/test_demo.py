@@ -9,6 +9,6 @@ def test_demo_verifies_the_materialized_table():
                             capture_output=True, text=True, timeout=600)
     out = result.stdout
     assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
-    assert "killed state node" in out and "partitions restored to checkpoint" in out
+    assert "killed state node" in out and "partitions promoted to their in-sync backups" in out and "no rewind" in out
     assert "joined" in out and "partitions moved to" in out
     assert out.rstrip().endswith("OK")

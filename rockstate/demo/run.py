@@ -162,6 +162,10 @@ class Demo:
             # None: restored before any checkpoint completed (empty); a node declared dead later restores to one
             self.facts["restored_to"] = sorted({e["checkpoint"] for e in restored}, key=lambda c: -1 if c is None else c)
             self.facts["restored_partitions"] = len(restored)
+        promoted = [e for e in status["events"] if e["event"] == "primary_promoted"]
+        if promoted:  # with backups: the killed node's partitions went on from their in-sync backups
+            self.facts["promoted_partitions"] = len(promoted)
+            self.facts["promote_seconds"] = max(e["time"] for e in promoted) - self.facts["killed_at"]
         moves = [e for e in status["events"] if e["event"] == "migration_finished" and e.get("target") == self.facts.get("joined")]
         self.facts["moved"] = len(moves)
         self.facts["max_window"] = max((e["write_blocked_seconds"] for e in moves), default=None)
@@ -176,6 +180,9 @@ class Demo:
         if "killed" in f:
             failover = (f"{f['killed']} killed; {f.get('restored_partitions', 0)} partitions restored to checkpoint "
                         f"{f.get('restored_to')} in {f['restore_seconds']:.2f} s" if "restore_seconds" in f else f"{f['killed']} killed; no restore seen")
+            if "promote_seconds" in f:
+                failover = (f"{f['killed']} killed; {f['promoted_partitions']} partitions promoted to their in-sync backups in "
+                            f"{f['promote_seconds']:.2f} s, no rewind" + (f" ({f['restored_partitions']} restored)" if "restore_seconds" in f else ""))
         else:
             failover = "no failure (--no-failure)"
         table.add_row("failover", failover)

@@ -11,8 +11,9 @@ does better for a ``foreachBatch`` sink; for micro-batch N it:
    writes as batch N of ``query`` (a name that stays the same across
    restarts, which also scopes the operators' states);
 2. seals N on every partition and takes checkpoint N (when the cluster has
-   checkpoint storage), then returns, and only then does Spark commit the
-   batch;
+   checkpoint storage and no synchronous backups: with backups the seal,
+   once acknowledged, survives a node's death without a checkpoint), then
+   returns, and only then does Spark commit the batch;
 3. if a state partition was restored meanwhile (its node died), it came
    back at checkpoint N-1, without N's stage: the wrapper notices the
    ``partition_restored`` event (at any point up to and including
@@ -38,7 +39,7 @@ from ..keys import partition_of
 from ..serde import decode_value, encode_key, encode_value
 from ..store import PUT, StateSpec
 from .client import as_spec, backend_for
-from .microbatch import settle, take_checkpoint
+from .microbatch import per_batch_checkpoint, settle, take_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class ExactlyOnce:
     """The ``foreachBatch`` function returned by ``exactly_once``."""
 
     def __init__(self, sink: Callable[[DataFrame, int], Any], client: object, query: str, *,
-                 checkpoint: bool = True, max_attempts: int = 5) -> None:
+                 checkpoint: bool | None = None, max_attempts: int = 5) -> None:
         if not isinstance(query, str) or not query:
             raise RockstateError("exactly_once needs query=<a name that stays the same across restarts>")
         self.sink, self.spec, self.query = sink, as_spec(client), query
@@ -121,7 +122,7 @@ class ExactlyOnce:
         Returning without it would let Spark commit batch N while a node death
         could still take the state back before N, beyond what a re-run repairs.
         """
-        if not self.checkpoint:
+        if not per_batch_checkpoint(self.backend, self.checkpoint):
             return None
         try:
             return take_checkpoint(self.backend)
@@ -146,12 +147,15 @@ class ExactlyOnce:
         backend.report_pipeline(record)
 
 
-def exactly_once(sink: Callable[[DataFrame, int], Any], *, client: object, query: str, checkpoint: bool = True) -> ExactlyOnce:
+def exactly_once(sink: Callable[[DataFrame, int], Any], *, client: object, query: str,
+                 checkpoint: bool | None = None) -> ExactlyOnce:
     """Wrap a ``foreachBatch`` sink so the query's state changes exactly once per micro-batch (see the module doc).
 
     ``query``: a name that identifies the query across restarts (like its
     checkpoint location). ``checkpoint``: take checkpoint N after committing
-    batch N (needed to survive a state node's death).
+    batch N. Needed to survive a state node's death without backups; None
+    (the default): only when the cluster has no synchronous backups (with
+    them a node's death loses no acknowledged commit).
     """
     return ExactlyOnce(sink, client, query, checkpoint=checkpoint)
 

@@ -155,6 +155,8 @@ class BatchTask:
         return [pid for pid in staged_on if not has[pid]]
 
     def _checkpoint(self) -> None:
+        if not per_batch_checkpoint(self.backend):
+            return
         try:
             take_checkpoint(self.backend)
         except CheckpointsNotConfiguredError:
@@ -164,6 +166,16 @@ class BatchTask:
 def _last_event(backend) -> int:
     events = backend.events()
     return events[-1]["seq"] if events else 0
+
+
+def per_batch_checkpoint(backend, wanted: bool | None = None) -> bool:
+    """Whether batch N is checkpointed before Spark commits it: ``wanted``; by default (None) only on a cluster
+    without synchronous backups. With them a node's death loses no acknowledged seal or commit (its partitions'
+    backups are promoted, nothing rewinds); periodic checkpoints remain for losing every replica, and savepoints."""
+    if wanted is not None:
+        return wanted
+    table = getattr(backend, "table", None)
+    return not (table is not None and table.backup_count > 0 and table.replication == "sync")
 
 
 def take_checkpoint(backend) -> int:
