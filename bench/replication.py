@@ -40,6 +40,7 @@ from rockstate.errors import RockstateError  # noqa: E402
 ROUNDS = int(os.environ.get("BENCH_REPL_ROUNDS", "3"))
 BATCHES = int(os.environ.get("BENCH_REPL_BATCHES", "40"))  # of 1000 keys, per round
 PUTS = int(os.environ.get("BENCH_REPL_PUTS", "1000"))
+LOADED = int(os.environ.get("BENCH_REPL_LOADED", "200000"))  # keys written before the kill
 HEARTBEAT = 2.0
 
 
@@ -76,7 +77,9 @@ def failover(c: LocalCluster) -> tuple[float, float, float]:
     """Kill -9 a node; seconds until its partitions serve again; re-replication and plain-copy MB/s."""
     with c.connect(retry_timeout=60.0) as rs:
         state = rs.value_state("orders")
-        keys = [key_of("uuid", i) for i in range(BATCHES * 1000)]
+        keys = [key_of("uuid", i) for i in range(LOADED)]
+        for b in range(0, LOADED, 1000):  # a few MB per partition, for re-replication to move
+            state.put_many({k: value(b + i) | {"note": "x" * 200} for i, k in enumerate(keys[b:b + 1000])})
         victim = c.nodes()[0]
         table = rs.backend.refresh()
         lost = set(table.owned_by(victim.node_id))
@@ -84,6 +87,7 @@ def failover(c: LocalCluster) -> tuple[float, float, float]:
         for i, k in enumerate(keys):
             if rs.partition_of(k) in lost and rs.partition_of(k) not in probes:
                 probes[rs.partition_of(k)] = (k, i)
+        c.wait_replicated(120)
         # the reference: a plain copy of one of its partitions' files, as big as what re-replication moves
         source = os.path.join(victim.data_dir, "store", f"p{min(lost):04d}")
         copy_to = tempfile.mkdtemp(prefix="rockstate-plain-copy-")
@@ -97,10 +101,10 @@ def failover(c: LocalCluster) -> tuple[float, float, float]:
         killed = time.perf_counter()
         c.kill_node(victim.node_id)
         for k, i in probes.values():
-            assert state.get(k) == value(i)
+            assert state.get(k) == value(i) | {"note": "x" * 200}
         served = time.perf_counter() - killed
         c.wait_replicated(120)
-        copies = [e for e in c.status()["events"] if e["seq"] > after and e["event"] == "replica_copied" and e["bytes"] > 1 << 20]
+        copies = [e for e in c.status()["events"] if e["seq"] > after and e["event"] == "replica_copied"]
         replicated = sum(e["bytes"] for e in copies) / max(sum(e["seconds"] for e in copies), 1e-9) / 1e6
         return served, replicated, plain
 

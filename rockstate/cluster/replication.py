@@ -22,18 +22,14 @@ applied everything sent is reported ``caught_up``.
 
 A backup applies its primary's batches in order (``BackupApply``: older
 replica epochs are refused as ``stale``, gaps answered with its position, a
-resend skipped). A new or returning backup catches up: the coordinator sends
-``ReplicaCatchUp``; it asks the primary for a hard-link copy (``ReplicaCopy``,
-taken under the write lock at batch S; the primary ships batches after S from
-then on), fetches its files, opens it, and applies the batches after S.
+resend skipped). A new or returning backup catches up by a hard-link copy
+and the batches after it (``replica_copies.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import shutil
 import threading
 import time
 from collections import deque
@@ -45,9 +41,8 @@ from ..rpc.client import AsyncChannel
 from ..store import Store
 from ..ops import RAW_PUT
 from ..store.partition import REPLICATION
-from ..store.store import partition_dir
 from . import protocol as p
-from .moves import MoveSource, fetch_files
+from .replica_copies import ReplicaCopies
 from .table import Table
 
 log = logging.getLogger(__name__)
@@ -56,14 +51,15 @@ TAIL = 64  # batches every replica keeps past what its backups applied: a promot
 MAX_LOG = 200_000  # batches a primary keeps for a backup behind; one further behind catches up anew
 MAX_ITEMS_BYTES = 8 << 20  # per ReplicaApply, roughly
 MAX_ITEMS = 2000  # batches per ReplicaApply
+INLINE_ITEMS = 64  # a backup applies up to this many on its loop, more in a thread
 
 
 class NodeReplication:
     def __init__(self, store_of: Callable[[], Store], node_id: Callable[[], str], peer: Callable[[str], AsyncChannel],
                  report: Callable[[list], Awaitable[None]], owns: Callable[[int], bool],
                  retired: Callable[[int], Awaitable[None]]) -> None:
-        self._store_of, self._node_id, self._peer, self._report_to, self._owns = store_of, node_id, peer, report, owns
-        self._retired = retired  # waits until a copy this node served is gone
+        self._store_of, self.node_id, self.peer, self._report_to, self.owns = store_of, node_id, peer, report, owns
+        self.retired = retired  # waits until a copy this node served is gone
         self.table: Table | None = None
         self.acks: dict[int, PrimaryAcks] = {}  # partitions this node is primary of
         self.applies: dict[int, BackupApply] = {}  # partitions this node holds a caught-up backup copy of
@@ -74,13 +70,12 @@ class NodeReplication:
         self._wake: dict[str, asyncio.Event] = {}
         self._senders: dict[str, asyncio.Task] = {}
         self._reported: dict[tuple[int, str, str], float] = {}
-        self._catching_up: dict[int, asyncio.Task] = {}
+        self.catching_up: dict[int, asyncio.Task] = {}  # pid -> its catch-up (replica_copies.py)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
         self._stopping = False
-        self.copies: MoveSource | None = None
-        self.handlers = {p.ReplicaApply: self.apply, p.ReplicaCopy: self.copy, p.ReplicaChunk: self.chunk,
-                         p.ReplicaCatchUp: self.catch_up, p.ReplicaPositions: self.positions}
+        self.copies = ReplicaCopies(self)  # a new backup's catch-up
+        self.handlers = {p.ReplicaApply: self.apply, p.ReplicaPositions: self.positions, **self.copies.handlers}
 
     @property
     def store(self) -> Store:
@@ -95,12 +90,10 @@ class NodeReplication:
         """Take up each partition's role the table gives this node: primary, backup, or none (``opening``: partitions
         it is about to serve)."""
         self._loop, self._loop_thread = asyncio.get_running_loop(), threading.get_ident()
-        if self.copies is None:
-            self.copies = MoveSource(self.store, "replicas-out")
-        self.table, me = table, self._node_id()
+        self.table, me = table, self.node_id()
         for pid in range(table.partitions):
             backups, epoch = table.backups_of(pid), table.replica_epoch(pid)
-            if table.owners[pid] == me and table.backup_count > 0 and (self._owns(pid) or pid in opening):
+            if table.owners[pid] == me and table.backup_count > 0 and (self.owns(pid) or pid in opening):
                 self._be_primary(pid, epoch, backups, table.in_sync_of(pid))
                 continue
             if pid in self.acks:
@@ -144,15 +137,15 @@ class NodeReplication:
                 fut.set_exception(PartitionUnavailableError(f"partition {pid} has a new primary; retry", partition=pid))
 
     def drop_backup(self, pid: int) -> None:
-        if pid in self.applies or pid in self._catching_up:
+        if pid in self.applies or pid in self.catching_up:
             self._drop_backup(pid)
 
     def _drop_backup(self, pid: int) -> None:
         self.applies.pop(pid, None)
-        task = self._catching_up.pop(pid, None)
+        task = self.catching_up.pop(pid, None)
         if task is not None:
             task.cancel()
-        if not self._owns(pid):
+        if not self.owns(pid):
             self.store.close_partition(pid, drop=True)
 
     def diverged(self, pid: int) -> None:
@@ -237,10 +230,11 @@ class NodeReplication:
     async def _send_loop(self, node: str) -> None:
         wake = self._wake[node]
         while not self._stopping:  # not only cancellation: wait_for can swallow one that crosses its timeout
-            try:
-                await asyncio.wait_for(wake.wait(), self.timeout() / 4)
-            except TimeoutError:
-                pass
+            if not wake.is_set():
+                try:
+                    await asyncio.wait_for(wake.wait(), self.timeout() / 4)
+                except TimeoutError:
+                    pass
             wake.clear()
             try:
                 await self._send_once(node)
@@ -280,7 +274,7 @@ class NodeReplication:
         try:
             if address is None:
                 raise PartitionUnavailableError(f"backup {node} has no address")
-            replies = await self._peer(address).call(p.ReplicaApply(items=items), timeout=self.timeout())
+            replies = await self.peer(address).call(p.ReplicaApply(items=items), timeout=self.timeout())
         except RockstateError as e:
             log.warning("backup %s did not apply batches of partitions %s: %s", node, sorted({i[0] for i in items})[:8], e)
             for pid in {i[0] for i in items}:
@@ -330,34 +324,11 @@ class NodeReplication:
         except RockstateError as e:
             log.warning("could not report %s to the coordinator: %s", reports, e)
 
-    # -- a new backup's copy, on the primary ----------------------------------------------
-
-    async def copy(self, msg: p.ReplicaCopy, conn) -> dict:
-        pid = msg.partition
-        if pid not in self.acks or msg.node not in self.table.backups_of(pid):
-            raise PartitionUnavailableError(f"this node is not partition {pid}'s primary with backup {msg.node}", partition=pid)
-        seq = await asyncio.to_thread(self._take_copy, pid, msg.node)
-        return {"files": self.copies.listing(self._copy_name(pid, msg.node)), "seq": seq}
-
-    def _copy_name(self, pid: int, node: str) -> str:
-        return f"{partition_dir(pid)}-{node}"
-
-    def _take_copy(self, pid: int, node: str) -> int:
-        part, at = self.store.partition(pid), []
-
-        def position() -> None:  # under the write lock: the batches after the copy's are the ones shipped to it
-            at.append(part.seq())
-            self.sent[node, pid] = at[0]
-
-        self.copies.take(part, self._copy_name(pid, node), then=position)
-        return at[0]
-
-    async def chunk(self, msg: p.ReplicaChunk, conn) -> bytes:
-        return await asyncio.to_thread(self.copies.read, self._copy_name(msg.partition, msg.node), msg.name, msg.offset, msg.length)
-
     # -- the backup --------------------------------------------------------------------
 
     async def apply(self, msg: p.ReplicaApply, conn) -> list:
+        if len(msg.items) <= INLINE_ITEMS:  # the steady stream: a thread hop would cost more than the writes
+            return self._apply(msg.items)
         return await asyncio.to_thread(self._apply, msg.items)  # off the loop: a catching-up backup gets thousands
 
     def _apply(self, items: list) -> list:
@@ -387,42 +358,6 @@ class NodeReplication:
             answers[pid] = [pid, backup.last_applied, status]
         return list(answers.values())
 
-    async def catch_up(self, msg: p.ReplicaCatchUp, conn) -> int:
-        pid = msg.partition
-        if self._owns(pid):
-            raise PartitionUnavailableError(f"partition {pid} is served here as primary; no backup copy", partition=pid)
-        task = self._catching_up.get(pid)
-        if task is None or task.done():
-            task = self._catching_up[pid] = asyncio.ensure_future(self._catch_up(pid, msg.source, msg.epoch))
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if not task.cancelled():
-                raise  # this handler itself is cancelled (the node stops)
-            raise PartitionUnavailableError(f"this node is no longer a backup of partition {pid}", partition=pid) from None
-
-    async def _catch_up(self, pid: int, source: str, epoch: int) -> int:
-        self.applies.pop(pid, None)
-        await self._retired(pid)
-        self.store.close_partition(pid)  # replace_partitions puts the new copy in its place
-        target = os.path.join(self.store.path, "replicas-in", partition_dir(pid))
-        channel = self._peer(source)
-        try:
-            reply = await channel.call(p.ReplicaCopy(partition=pid, node=self._node_id()), timeout=600.0)
-            copied = await fetch_files(reply["files"], target, lambda name, offset, length: channel.call(
-                p.ReplicaChunk(partition=pid, node=self._node_id(), name=name, offset=offset, length=length)))
-            await asyncio.to_thread(self.store.replace_partitions, {pid: target})
-        except BaseException:
-            shutil.rmtree(target, ignore_errors=True)
-            raise
-        finally:
-            self._catching_up.pop(pid, None)
-        part = self.store.partition(pid)
-        part.backup = True
-        self.applies[pid] = BackupApply(max(epoch, self.table.replica_epoch(pid)), part.seq())
-        log.info("backup copy of partition %d from %s at batch %d (%d bytes)", pid, source, part.seq(), copied)
-        return copied
-
     async def positions(self, msg: p.ReplicaPositions, conn) -> dict:
         return {pid: self.applies[pid].last_applied for pid in msg.partitions if pid in self.applies}
 
@@ -435,6 +370,6 @@ class NodeReplication:
             wake.set()
         for pid in list(self.acks):
             self._stop_primary(pid)
-        for task in [*self._senders.values(), *self._catching_up.values()]:
+        for task in [*self._senders.values(), *self.catching_up.values()]:
             task.cancel()
-        await asyncio.gather(*self._senders.values(), *self._catching_up.values(), return_exceptions=True)
+        await asyncio.gather(*self._senders.values(), *self.catching_up.values(), return_exceptions=True)

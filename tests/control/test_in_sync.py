@@ -121,3 +121,36 @@ def test_after_a_promotion_the_planner_restores_the_backup_count():
     assert all(len(r) == 2 and "node-1" not in r for r in after.target)
     assert {s.kind for s in after.steps} <= {StepKind.ADD, StepKind.PROMOTE, StepKind.DROP}
     assert all(step.node != "node-1" for step in after.steps if step.kind is StepKind.ADD)
+
+
+def test_a_primary_changed_by_a_copy_makes_its_backups_catch_up_anew():
+    sets = InSyncSets(1, [["node-1", "node-2", "node-3"]])
+    assert sets.moved(0, "node-3") == [Publish(0, 2, "node-3", ("node-2",), ("node-3",)), CatchUp(0, "node-2", "node-3")]
+    fresh = InSyncSets(1, [[]])  # a partition's first owner
+    assert fresh.moved(0, "node-1") == [Publish(0, 2, "node-1", (), ("node-1",))]
+
+
+def test_a_backup_about_to_receive_the_partition_as_primary_leaves_first():
+    sets = InSyncSets(1, [["node-1", "node-2"]])
+    assert sets.leave(0, "node-2") == [Publish(0, 2, "node-1", (), ("node-1",))]
+    assert sets.leave(0, "node-2") == []
+
+
+def test_a_dead_primary_back_before_an_election_takes_its_partitions_back():
+    sets = InSyncSets(1, [["node-1", "node-2"], ["node-1"]])
+    actions = sets.members_dead(["node-1"])
+    assert [type(a) for a in actions] == [Publish, AskPositions, Publish, RestoreFromCheckpoint]
+    assert set(sets.lost()) == {0, 1}
+    back = sets.returned("node-1")  # no backup answered yet: its copy is the most advanced
+    assert [type(a) for a in back] == [Publish, CatchUp, Publish] and not sets.lost()
+    assert sets[0].primary == "node-1" and sets[0].in_sync == {"node-1"} and sets[0].backups == ["node-2"]
+    assert sets.positions(0, {"node-2": 7}) == []  # the election is over
+
+
+def test_the_sets_survive_a_round_trip_through_the_saved_record():
+    sets = InSyncSets(1, [["node-1", "node-2"], ["node-2", "node-1"]])
+    sets.members_dead(["node-1"])
+    again = InSyncSets.from_wire(1, sets.to_wire())
+    assert again.table() == sets.table() and again.lost() == sets.lost()
+    assert [(s.primary, s.backups, s.in_sync, s.epoch) for s in again.sets] == [
+        (s.primary, s.backups, s.in_sync, s.epoch) for s in sets.sets]

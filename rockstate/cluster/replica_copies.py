@@ -1,0 +1,107 @@
+"""Catch-up of a new or returning backup: a hard-link copy of the partition on its primary, fetched by the backup.
+
+The coordinator sends the backup ``ReplicaCatchUp``. The backup asks the
+primary for a copy (``ReplicaCopy``): the primary takes a hard-link RocksDB
+checkpoint under the partition's write lock, at batch S, and from that instant
+ships the backup the batches after S (``replication.py``). The backup fetches
+the copy's files in chunks (``ReplicaChunk``, as moves fetch theirs), opens
+it in place of whatever copy it had, and applies the stream from S + 1; the
+primary then reports it caught up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+from typing import TYPE_CHECKING
+
+from ..control.write_acks import BackupApply
+from ..errors import PartitionUnavailableError
+from ..store.store import partition_dir
+from . import protocol as p
+from .moves import MoveSource, fetch_files
+
+if TYPE_CHECKING:
+    from .replication import NodeReplication
+
+log = logging.getLogger(__name__)
+
+
+class ReplicaCopies:
+    def __init__(self, replication: "NodeReplication") -> None:
+        self.r = replication
+        self._source: MoveSource | None = None
+        self.handlers = {p.ReplicaCopy: self.copy, p.ReplicaChunk: self.chunk, p.ReplicaCatchUp: self.catch_up}
+
+    @property
+    def source(self) -> MoveSource:
+        if self._source is None:
+            self._source = MoveSource(self.r.store, "replicas-out")
+        return self._source
+
+    # -- on the primary ---------------------------------------------------------------
+
+    async def copy(self, msg: p.ReplicaCopy, conn) -> dict:
+        r, pid = self.r, msg.partition
+        if pid not in r.acks or msg.node not in r.table.backups_of(pid):
+            raise PartitionUnavailableError(f"this node is not partition {pid}'s primary with backup {msg.node}", partition=pid)
+        seq = await asyncio.to_thread(self._take, pid, msg.node)
+        return {"files": self.source.listing(_name(pid, msg.node)), "seq": seq}
+
+    def _take(self, pid: int, node: str) -> int:
+        part, at = self.r.store.partition(pid), []
+
+        def position() -> None:  # under the write lock: the batches after the copy's are the ones shipped to it
+            at.append(part.seq())
+            self.r.sent[node, pid] = at[0]
+
+        self.source.take(part, _name(pid, node), then=position)
+        return at[0]
+
+    async def chunk(self, msg: p.ReplicaChunk, conn) -> bytes:
+        return await asyncio.to_thread(self.source.read, _name(msg.partition, msg.node), msg.name, msg.offset, msg.length)
+
+    # -- on the backup ----------------------------------------------------------------
+
+    async def catch_up(self, msg: p.ReplicaCatchUp, conn) -> int:
+        r, pid = self.r, msg.partition
+        if r.owns(pid):
+            raise PartitionUnavailableError(f"partition {pid} is served here as primary; no backup copy", partition=pid)
+        task = r.catching_up.get(pid)
+        if task is None or task.done():
+            task = r.catching_up[pid] = asyncio.ensure_future(self._catch_up(pid, msg.source, msg.epoch))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.cancelled():
+                raise  # this handler itself is cancelled (the node stops)
+            raise PartitionUnavailableError(f"this node is no longer a backup of partition {pid}", partition=pid) from None
+
+    async def _catch_up(self, pid: int, source: str, epoch: int) -> int:
+        r = self.r
+        r.applies.pop(pid, None)
+        await r.retired(pid)
+        r.store.close_partition(pid)  # replace_partitions puts the new copy in its place
+        target = os.path.join(r.store.path, "replicas-in", partition_dir(pid))
+        channel, me = r.peer(source), r.node_id()
+        try:
+            reply = await channel.call(p.ReplicaCopy(partition=pid, node=me), timeout=600.0)
+            copied = await fetch_files(reply["files"], target, lambda name, offset, length: channel.call(
+                p.ReplicaChunk(partition=pid, node=me, name=name, offset=offset, length=length)))
+            await asyncio.to_thread(r.store.replace_partitions, {pid: target})
+        except BaseException:
+            shutil.rmtree(target, ignore_errors=True)
+            raise
+        finally:
+            r.catching_up.pop(pid, None)
+        part = r.store.partition(pid)
+        part.backup = True
+        r.applies[pid] = BackupApply(max(epoch, r.table.replica_epoch(pid)), part.seq())
+        log.info("backup copy of partition %d from %s at batch %d (%d bytes)", pid, source, part.seq(), copied)
+        return copied
+
+
+def _name(pid: int, node: str) -> str:
+    return f"{partition_dir(pid)}-{node}"
