@@ -108,6 +108,7 @@ class LocalCluster:
         self.security = SecurityConfig(secret_file=secret_file, tls_cert_file=tls.get("cert"), tls_key_file=tls.get("key"),
                                        tls_ca_file=tls.get("ca"))
         self._node_dirs: dict[str, str] = {}  # node id -> data dir
+        self._zones: dict[str, str | None] = {}  # data dir -> zone
         self._next_dir = 0
         self.address = ""
 
@@ -229,10 +230,12 @@ class LocalCluster:
 
     # -- nodes -------------------------------------------------------------
 
-    def add_node(self, wait: bool = True, coordinator: str | None = None) -> NodeInfo:
-        """``coordinator``: the address the node reaches the coordinator at, if not its own (a proxy, in tests)."""
+    def add_node(self, wait: bool = True, coordinator: str | None = None, zone: str | None = None) -> NodeInfo:
+        """``coordinator``: the address the node reaches the coordinator at, if not its own (a proxy, in tests);
+        ``zone``: its failure domain (``--zone``)."""
         data_dir = os.path.join(self.root, f"node{self._next_dir}")
         self._next_dir += 1
+        self._zones[data_dir] = zone
         info = self._start_node(data_dir, coordinator)
         if wait:
             self.wait_balanced()
@@ -242,7 +245,7 @@ class LocalCluster:
         config = NodeConfig(
             coordinator=coordinator or self.address, host="127.0.0.1", port=0, data_dir=data_dir,
             memory_bytes=self.node_memory_bytes, heartbeat_interval=min(0.5, self.heartbeat_timeout / 5),
-            security=self.security,
+            security=self.security, zone=self._zones.get(data_dir),
         )
         info = self._runner.start_node(config)
         self._node_dirs[info.node_id] = data_dir

@@ -185,3 +185,15 @@ def test_read_from_backup_answers_while_the_primary_is_stopped(tmp_path):
             finally:
                 os.kill(primary.pid, signal.SIGCONT)
             assert strict.value_state("orders").get(on_primary[0]) == orders[on_primary[0]]
+
+
+def test_a_partitions_replicas_are_in_distinct_zones(tmp_path):
+    """Nodes started with --zone: with enough zones, no partition has two replicas in one zone."""
+    with LocalCluster(nodes=1, partitions=12, root=str(tmp_path / "cluster"), processes=False) as cluster:
+        zones = {cluster.nodes()[0].node_id: cluster.nodes()[0].node_id}  # a node without a zone is a zone of its own
+        for zone in ("zone-a", "zone-a", "zone-b"):
+            zones[cluster.add_node(zone=zone).node_id] = zone
+        status = cluster.wait_replicated()
+        for r in status["replicas"]:
+            replicas = [r["primary"], *(b["node"] for b in r["backups"])]
+            assert len(replicas) == 2 and len({zones[n] for n in replicas}) == 2, r
