@@ -48,6 +48,7 @@ class Demo:
             phase = progress.add_task(f"starting {a.nodes} state nodes", total=1, rate="")
             ha = {"coordinators": 3, "zookeeper": True} if getattr(a, "ha", False) else {}
             with LocalCluster(nodes=a.nodes, partitions=24, root=os.path.join(self.root, "cluster"), checkpoints=self.storage,
+                              backup_count=getattr(a, "backup_count", None),
                               heartbeat_timeout=4.0 if ha else 2.0, **ha) as cluster:  # with ha: leases outlast a takeover
                 progress.update(phase, completed=1, rate=cluster.address)
                 phase = progress.add_task("starting Spark", total=1, rate="")

@@ -263,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--files", type=int, default=8, help="micro-batches per run (default 8)")
     parser.add_argument("--rounds", type=int, default=1, help="rounds of the five actions per run (default 1)")
     parser.add_argument("--nodes", type=int, default=3, help="state nodes to start with (default 3)")
+    parser.add_argument("--backup-count", type=int, default=None, help="backups per partition (default: the coordinator's, 1)")
     parser.add_argument("--error-rate", type=float, default=0.001, help="share of storage operations that fail (default 0.001)")
     parser.add_argument("--latency-rate", type=float, default=0.1, help="share of storage operations slowed down (default 0.1)")
     parser.add_argument("--latency", type=float, default=0.05, help="longest injected storage latency, seconds (default 0.05)")

@@ -13,7 +13,9 @@ from rockstate.testing.faults import FaultPlan, read_log
 
 def test_the_pipeline_gives_the_exact_answer_through_kills_membership_changes_and_storage_faults(capsys):
     # twice the default error rate: a short run then meets a storage error with near certainty (~10 expected)
-    result = subprocess.run([sys.executable, "-m", "rockstate.testing.chaos", "--seed", "15", "--error-rate", "0.002"],
+    # without backups: the checkpoint failover and rewind path (a run with backups is not yet verified here)
+    result = subprocess.run([sys.executable, "-m", "rockstate.testing.chaos", "--seed", "15", "--error-rate", "0.002",
+                             "--backup-count", "0"],
                             capture_output=True, text=True, timeout=900)
     out = result.stdout
     with capsys.disabled():  # what was injected and verified belongs in the test log

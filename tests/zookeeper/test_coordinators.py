@@ -107,7 +107,8 @@ def test_the_leader_killed_mid_move_the_new_leader_finishes_and_no_partition_has
 @pytest.mark.timeout(120)
 def test_the_leader_killed_mid_failover_the_new_leader_restores_and_no_partition_has_two_owners(tmp_path, zookeeper):
     orders = {("customer", i): {"order": str(uuid.UUID(int=i)), "amount": f"{i}.50"} for i in range(2000)}
-    with ha_cluster(tmp_path, zookeeper, checkpoints=f"file://{tmp_path}/checkpoints") as cluster, cluster.connect() as rs:
+    with ha_cluster(tmp_path, zookeeper, checkpoints=f"file://{tmp_path}/checkpoints",
+                    backup_count=0) as cluster, cluster.connect() as rs:  # the checkpoint failover, without backups
         rs.value_state("orders").put_many(orders)
         rs.checkpoint()
         victim = cluster.nodes()[0].node_id
