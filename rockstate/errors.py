@@ -289,6 +289,18 @@ class BatchAppliedError(RockstateError):
     code = "BATCH_APPLIED"
 
 
+class StateSchemaError(InvalidInputError):
+    """A state's schema changed in a way its stored values cannot follow (only adding a nullable field can)."""
+
+    code = "STATE_SCHEMA"
+
+
+class TimerModeError(InvalidInputError):
+    """Timers or a watermark used by a processor whose operator runs with another ``time_mode``."""
+
+    code = "TIMER_MODE"
+
+
 class StageIncompleteError(RockstateError):
     """A task attempt's staged pieces are not all on a partition (it was restored or moved); the task must run again."""
 

@@ -19,7 +19,10 @@ from .exactly_once import ExactlyOnce, ParquetSink, exactly_once
 from .microbatch import WeakerGuaranteeWarning, settle
 from .operator import state_name, transform_with_state
 from .partitioning import PARTITION_COLUMN, with_partition
-from .processor import ListStateHandle, MapStateHandle, StatefulProcessor, StatefulProcessorHandle, ValueStateHandle
+from .clock import late_rows
+from .handles import ListStateHandle, MapStateHandle, ValueStateHandle
+from .processor import StatefulProcessor, StatefulProcessorHandle
+from .timers import ExpiredTimerInfo, TimerValues
 
 __all__ = [
     "BatchWriter",
@@ -28,6 +31,9 @@ __all__ = [
     "bulk_load",
     "register_data_source",
     "ExactlyOnce",
+    "ExpiredTimerInfo",
+    "TimerValues",
+    "late_rows",
     "ParquetSink",
     "StateAheadError",
     "StateRewoundError",

@@ -9,7 +9,8 @@ owner). Reads in the batch see its own writes; nothing is visible to anyone
 else before the flush.
 
 Each state has a view: ``KeyedView`` for value and list states (the whole
-stored value of a key), ``MapView`` for map states (entries under a key). The
+stored value of a key), ``MapView`` for map states (entries under a key),
+``timers.TimerView`` for the operator's timers. The
 views only hold encoded bytes; the handles in ``processor`` encode and decode.
 """
 
@@ -21,6 +22,7 @@ import numpy as np
 
 from ..states import SCAN_PAGE, Backend, group_by_partition
 from ..store.partition import DELETE_MANY, DELETE_PREFIX, PUT_MANY
+from .timers import TimerView
 
 
 class BatchWriter:
@@ -242,13 +244,13 @@ class Batch:
     def __init__(self, backend: Backend, writer: BatchWriter, keep: bool = False) -> None:
         """``keep``: the next batch of the task reads this one's writes from memory (they are staged)."""
         self.backend, self.writer, self.keep = backend, writer, keep
-        self.views: dict[str, KeyedView | MapView] = {}
+        self.views: dict[str, KeyedView | MapView | TimerView] = {}
         self.current: tuple[bytes, int] | None = None  # (encoded key, partition) in per-key mode
 
-    def view(self, state: str, kind: str) -> KeyedView | MapView:
+    def view(self, state: str, kind: str) -> KeyedView | MapView | TimerView:
         view = self.views.get(state)
         if view is None:
-            view = self.views[state] = (MapView if kind == "map" else KeyedView)(self.backend, state)
+            view = self.views[state] = {"map": MapView, "timers": TimerView}.get(kind, KeyedView)(self.backend, state)
         return view
 
     def finish(self) -> None:

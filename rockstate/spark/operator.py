@@ -20,40 +20,27 @@ them.
 
 from __future__ import annotations
 
+import copy
+import re
 from collections.abc import Iterator, Sequence
-from typing import Any
 
-import numpy as np
-import pandas as pd
 import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
-from pyspark.sql.pandas.types import to_arrow_schema
 
 from ..api import Rockstate
-from ..errors import InvalidInputError, UnsupportedShapeError
+from ..errors import InvalidInputError, TimerModeError
 from ..store.catalog import check_name
-from ..serde import encode_keys
-from .batch import Batch, BatchWriter
-from .chunks import chunks
 from .client import StateClientSpec, as_spec, backend_for
+from .clock import MODES
 from .exactly_once import current_transaction
-from .microbatch import BatchTask, MicroBatch, Sealing, warn_if_outside_a_stream
-from .partitioning import PARTITION_COLUMN, key_names, route_by_owner, with_partition
-from .processor import StatefulProcessor, StatefulProcessorHandle
+from .initial import write_initial_state
+from .microbatch import MicroBatch, Sealing, warn_if_outside_a_stream
+from .partitioning import PARTITION_COLUMN, key_names, route_by_owner, task_of_partition, with_markers, with_partition
+from .processor import StatefulProcessor
+from .task import Plan, TaskRunner, _mode
 
 MAX_BATCH_BYTES = 64 << 20
-
-
-def _mode(processor: object) -> str:
-    if not isinstance(processor, StatefulProcessor):
-        raise InvalidInputError(f"processor must be a rockstate.spark.StatefulProcessor, got {type(processor).__name__}")
-    modes = [m for m in ("handle_batch", "handle_input_rows") if callable(getattr(processor, m, None))]
-    if len(modes) != 1:
-        raise InvalidInputError(
-            f"{type(processor).__name__} must implement exactly one of handle_batch and handle_input_rows, has {modes or 'neither'}"
-        )
-    return modes[0]
 
 
 def _struct(session, schema: T.StructType | str) -> T.StructType:
@@ -67,123 +54,6 @@ def _struct(session, schema: T.StructType | str) -> T.StructType:
     return parsed
 
 
-class Output:
-    """What the handlers returned for one batch: DataFrames, and rows given as tuples.
-
-    A tuple is one output row in ``output_schema`` order: far cheaper to make
-    than the one-row DataFrame a per-key handler would otherwise yield.
-    """
-
-    def __init__(self, schema: T.StructType) -> None:
-        self.schema, self.arrow_schema = schema, to_arrow_schema(schema)
-        self.frames: list[pd.DataFrame] = []
-        self.rows: list[tuple] = []
-
-    def add(self, result: Any) -> None:
-        """A handler's result: a DataFrame, None, or an iterable of DataFrames and tuples."""
-        if result is None:
-            return
-        if isinstance(result, pd.DataFrame):
-            self.frames.append(result)
-            return
-        for item in result:
-            if isinstance(item, tuple):
-                self.rows.append(item)
-            elif isinstance(item, pd.DataFrame):
-                self.frames.append(item)
-            elif item is not None:
-                raise InvalidInputError(f"a handler yielded a {type(item).__name__}; yield pandas DataFrames or tuples (rows)")
-
-    def batches(self) -> Iterator[pa.RecordBatch]:
-        names, schema = self.arrow_schema.names, self.arrow_schema
-        if self.rows:
-            if any(len(row) != len(names) for row in self.rows):
-                raise InvalidInputError(f"a yielded row does not have the {len(names)} fields of output_schema {self.schema.simpleString()}")
-            columns = zip(*self.rows)
-            yield pa.RecordBatch.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, schema)], schema=schema)
-        frames = [f for f in self.frames if not f.empty]
-        if frames:
-            out = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-            missing = [name for name in names if name not in out.columns]
-            if missing:
-                raise InvalidInputError(f"the processor's output lacks columns {missing} of output_schema {self.schema.simpleString()}")
-            yield pa.RecordBatch.from_pandas(out[names], schema=schema, preserve_index=False)
-
-
-class TaskRunner:
-    """The function ``mapInArrow`` runs in every task; pickled to the executors with the processor."""
-
-    def __init__(self, spec: StateClientSpec, processor: StatefulProcessor, keys: Sequence[str], schema: T.StructType,
-                 max_batch_bytes: int, operator: str, namespace: str | None, streaming: bool,
-                 micro: MicroBatch | None, counters: list | None, sealing: Sealing | None) -> None:
-        """``namespace``: the states' scope (None: the query and ``operator``); ``streaming``: the DataFrame is a
-        stream (its tasks must be a micro-batch's); ``micro``: inside exactly_once, its batch (None: the task's
-        own, if any); ``counters``: Spark accumulators of rows in and out; ``sealing``: how the tasks seal a
-        batch (None: exactly_once does it on the driver)."""
-        self.spec, self.processor, self.keys = spec, processor, list(keys)
-        self.operator, self.namespace, self.streaming = operator, namespace, streaming
-        self.micro, self.counters, self.sealing = micro, counters, sealing
-        self.mode = _mode(processor)
-        self.schema = schema
-        self.max_batch_bytes = max_batch_bytes
-
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        backend = backend_for(self.spec)
-        micro = self.micro or MicroBatch.of_task()
-        if micro is None and self.streaming:
-            raise UnsupportedShapeError(
-                "transform_with_state ran in a streaming task without a micro-batch id (a continuous trigger?): "
-                "its state could not be versioned by batch; use a micro-batch trigger (processingTime, availableNow)"
-            )
-        task = None if micro is None else BatchTask(backend, micro, self.operator, self.sealing)
-        namespace = self.namespace
-        if namespace is None:
-            namespace = "" if micro is None else f"{micro.query}.{self.operator}"
-        handle = StatefulProcessorHandle(backend, namespace)
-        self.processor.init(handle)
-        # in a micro-batch the task's writes are staged, so its later chunks read them from memory (keep)
-        staged = None if task is None else Batch(backend, task.writer, keep=True)
-        rows_in = rows_out = 0
-        try:
-            for table, starts in chunks(batches, PARTITION_COLUMN, self.keys, self.max_batch_bytes):
-                batch, output = staged or Batch(backend, BatchWriter(backend)), Output(self.schema)
-                rows_in += table.num_rows
-                handle.begin(batch)
-                if self.mode == "handle_batch":
-                    output.add(self.processor.handle_batch(table.drop_columns([PARTITION_COLUMN]).to_pandas()))
-                else:
-                    self._per_key(handle, batch, table, starts, output)
-                handle.finish()  # state first: the output below depends on it
-                for out in output.batches():
-                    rows_out += out.num_rows
-                    yield out
-            if task is not None:
-                task.finish()
-            if self.counters:
-                self.counters[0].add(rows_in)
-                self.counters[1].add(rows_out)
-        finally:
-            self.processor.close()
-
-    def _per_key(self, handle: StatefulProcessorHandle, batch: Batch, table: pa.Table, starts: np.ndarray, output: Output) -> None:
-        """Prefetch every key's state with one get_many per state, then call the processor key by key."""
-        firsts = table.take(starts)
-        key_tuples = list(zip(*(firsts.column(k).to_pylist() for k in self.keys)))
-        state_keys = [k[0] for k in key_tuples] if len(self.keys) == 1 else key_tuples
-        encoded = encode_keys(state_keys, handle.backend.max_key_bytes)
-        pids = firsts.column(PARTITION_COLUMN).to_numpy().astype(np.int64)
-        handle.prefetch(encoded, pids)
-        rows = table.drop_columns([PARTITION_COLUMN]).to_pandas()
-        ends = [*starts[1:].tolist(), table.num_rows]
-        handler = self.processor.handle_input_rows
-        for key, data, pid, start, end in zip(key_tuples, encoded, pids.tolist(), starts.tolist(), ends):
-            group = rows.iloc[start:end]
-            group.index = pd.RangeIndex(end - start)  # each key's rows numbered from 0, as in Spark
-            batch.current = (data, pid)
-            output.add(handler(key, iter([group])))
-        batch.current = None
-
-
 def transform_with_state(
     df: DataFrame,
     keys: str | Sequence[str],
@@ -195,6 +65,12 @@ def transform_with_state(
     namespace: str | None = None,
     tasks: int | None = None,
     max_batch_bytes: int = MAX_BATCH_BYTES,
+    time_mode: str = "none",
+    output_mode: str = "append",
+    event_time_column: str | None = None,
+    watermark_delay: str | int | None = None,
+    output_event_time_column: str | None = None,
+    initial_state=None,
 ) -> DataFrame:
     """Run ``processor`` over ``df``'s rows grouped by ``keys``, with its state in a rockstate cluster.
 
@@ -215,6 +91,17 @@ def transform_with_state(
     at most the cluster's partition count). ``max_batch_bytes``: how much of
     a task's input is gathered into one processor batch.
 
+    Spark's options: ``time_mode`` ("none", "processingtime", "eventtime":
+    what timers and ``TimerValues`` follow); ``output_mode`` ("append",
+    "update"); ``initial_state`` (a DataFrame, or ``df.groupBy(keys)`` of one,
+    applied in the query's first batch, see ``initial``);
+    ``output_event_time_column`` (Spark's ``eventTimeColumnName``: the output
+    column that carries event time on, for a downstream stateful operator).
+    In event time, ``event_time_column`` and ``watermark_delay`` ("10
+    seconds", or ms) say what the operator's watermark follows; by default
+    the input's ``withWatermark``. Late rows are dropped (``late_rows``
+    counts them).
+
     Exactly once in a streaming query, wherever the operator is built and
     whatever the sink (see ``microbatch``): on the streaming DataFrame, then
     any sink or ``foreachBatch``; or inside ``foreachBatch``. A batch
@@ -225,6 +112,9 @@ def transform_with_state(
     operator = check_name(name or type(processor).__name__, "operator")
     if namespace:
         check_name(namespace, "namespace")
+    _mode(processor)
+    time_mode = _choice("time_mode", time_mode, MODES)
+    _choice("output_mode", output_mode, ("append", "update"))
     spec = as_spec(client)
     txn = current_transaction()  # set by exactly_once around its sink
     backend = client.backend if isinstance(client, Rockstate) else backend_for(spec)
@@ -237,16 +127,111 @@ def transform_with_state(
         txn.operators.append(operator)
         txn.counters = txn.counters or _counters(df)
         micro, counters, sealing = MicroBatch(txn.query, txn.batch, ""), txn.counters, None
-    runner = TaskRunner(spec, processor, names, _struct(df.sparkSession, output_schema), max_batch_bytes, operator, namespace,
-                        df.isStreaming, micro, counters, sealing)
-    shuffled = route_by_owner(with_partition(df, names, backend.partitions), PARTITION_COLUMN, backend.table.owners, tasks)
+    event_time_column, delay_ms = _event_time(df, time_mode, event_time_column, watermark_delay)
+    assignment = task_of_partition(backend.table.owners, tasks)
+    plan = Plan(
+        keys=tuple(names), schema=_struct(df.sparkSession, output_schema), max_batch_bytes=max_batch_bytes,
+        operator=operator, namespace=namespace, streaming=df.isStreaming,
+        task_pids=tuple(tuple(p for p, t in enumerate(assignment) if t == i) for i in range(tasks)),
+        time_mode=time_mode, event_time_column=event_time_column, watermark_delay_ms=delay_ms,
+        schemas=_state_schemas(df.sparkSession, processor, backend.partitions),
+        initial_state=None if initial_state is None else write_initial_state(backend, initial_state, names),
+    )
+    runner = TaskRunner(spec, processor, plan, micro, counters, sealing)
+    partitioned = with_partition(df, names, backend.partitions)
+    if plan.markers:
+        partitioned = with_markers(partitioned, PARTITION_COLUMN, backend.partitions, tasks)
+    shuffled = route_by_owner(partitioned, PARTITION_COLUMN, backend.table.owners, tasks)
     if not df.isStreaming:  # Spark may not sort a stream; chunks() groups keys within a task's batch instead
         shuffled = shuffled.sortWithinPartitions(PARTITION_COLUMN, *names)
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         return runner(batches)
 
-    return shuffled.mapInArrow(run, runner.schema)
+    out = shuffled.mapInArrow(run, plan.schema)
+    if output_event_time_column:  # as Spark's eventTimeColumnName: the watermark carried on by this column
+        out = out.withWatermark(output_event_time_column, "0 seconds")
+    return out
+
+
+def _choice(what: str, value: str, allowed: Sequence[str]) -> str:
+    chosen = str(value).lower()
+    if chosen not in allowed:
+        raise InvalidInputError(f"{what} must be one of {', '.join(allowed)} (any case, as in Spark), got {value!r}")
+    return chosen
+
+
+_UNITS = {"ms": 1, "millisecond": 1, "second": 1000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000, "week": 604_800_000}
+_WATERMARK = re.compile(r"EventTimeWatermark\s+'?`?([\w.]+?)`?(?:#\d+)?(?::\s*\w+)?,\s*(.+)$", re.M)
+
+
+def delay_ms(delay: str | int) -> int:
+    """A watermark delay as milliseconds: an int (ms) or Spark's interval text ("10 seconds", "1 minute 30 seconds")."""
+    if isinstance(delay, int) and not isinstance(delay, bool) and delay >= 0:
+        return delay
+    text = str(delay).lower().replace("interval", " ")
+    parts = re.findall(r"(\d+(?:\.\d+)?)\s*([a-z]+)", text)
+    if not parts or re.sub(r"(\d+(?:\.\d+)?)\s*([a-z]+)", "", text).strip():
+        raise InvalidInputError(f"watermark_delay {delay!r} is not a delay: give ms, or text such as '10 seconds'")
+    total = 0.0
+    for number, unit in parts:
+        unit = unit.rstrip("s") if unit != "ms" else unit
+        if unit not in _UNITS:
+            raise InvalidInputError(f"watermark_delay {delay!r}: unknown unit {unit!r} (use ms, seconds, minutes, hours, days)")
+        total += float(number) * _UNITS[unit]
+    return int(total)
+
+
+def _event_time(df: DataFrame, time_mode: str, column: str | None, delay: str | int | None) -> tuple[str | None, int]:
+    """The input's event-time column and watermark delay: as given, else from the input's ``withWatermark``."""
+    if column is None and delay is None and time_mode == "eventtime":
+        try:
+            found = _WATERMARK.findall(df._jdf.queryExecution().analyzed().toString())
+        except Exception:  # Spark Connect: no plan on the client
+            found = []
+        if found:
+            column, delay = found[-1]
+    if column is None:
+        if time_mode == "eventtime":
+            raise TimerModeError("time_mode='eventtime' needs the input's event time: event_time_column= and "
+                                 "watermark_delay=, or df.withWatermark(column, delay) before the operator")
+        if delay is not None:
+            raise InvalidInputError("watermark_delay needs event_time_column")
+        return None, 0
+    if column not in df.columns:
+        raise InvalidInputError(f"event_time_column {column!r} is not a column of the input; its columns are {df.columns}")
+    if time_mode != "eventtime":
+        raise TimerModeError("event_time_column needs time_mode='eventtime'")
+    return column, delay_ms(delay or 0)
+
+
+def _state_schemas(session, processor: StatefulProcessor, partitions: int) -> dict[str, T.StructType]:
+    """Every DDL schema the processor's ``init`` asks for, parsed here by the session (tasks have no parser)."""
+    collector = _SchemaCollector(partitions)
+    copy.deepcopy(processor).init(collector)
+    parsed = {}
+    for ddl in collector.ddl:
+        try:
+            parsed[ddl] = session.createDataFrame([], ddl).schema
+        except Exception as exc:
+            raise InvalidInputError(f"state schema {ddl!r} is not a DDL string of fields: {exc}") from None
+    return parsed
+
+
+class _SchemaCollector:
+    """A stand-in handle for running ``init`` on the driver (as Spark does): notes the DDL strings asked for."""
+
+    def __init__(self, partitions: int) -> None:
+        self.partitions, self.ddl = partitions, set()
+
+    def _note(self, *schemas) -> None:
+        self.ddl.update(s for s in schemas if isinstance(s, str))
+
+    def __getattr__(self, method: str):
+        def call(*args, **kwargs):
+            if method.endswith("_state"):
+                self._note(*args[1:], *kwargs.values())
+        return call
 
 
 def state_name(query: object, operator: str, state: str) -> str:

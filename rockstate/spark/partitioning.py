@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -126,8 +127,35 @@ def bigint_landing_in(tasks: int) -> list[int]:
 
 
 def route_by_owner(df: DataFrame, partition_col: str, owners: Sequence[str | None], tasks: int) -> DataFrame:
-    """Shuffle ``df`` into ``min(tasks, P)`` tasks, each holding whole partitions of as few owners as possible."""
+    """Shuffle ``df`` into ``min(tasks, P)`` tasks, each holding whole partitions of as few owners as possible.
+
+    A row whose partition column is P + t (a marker, see ``with_markers``) goes to task t.
+    """
     tasks = max(1, min(tasks, len(owners)))
     landing = bigint_landing_in(tasks)
-    route = F.array(*[F.lit(landing[t]).cast("bigint") for t in task_of_partition(owners, tasks)])
+    route = F.array(*[F.lit(landing[t]).cast("bigint") for t in [*task_of_partition(owners, tasks), *range(tasks)]])
     return df.repartition(tasks, route[F.col(partition_col)])
+
+
+def with_markers(df: DataFrame, partition_col: str, partitions: int, tasks: int) -> DataFrame:
+    """``df`` plus, from every input partition that has rows, one marker row for each task (partition column P + t).
+
+    A task of a streaming ``mapInArrow`` cannot tell which of the shuffle's
+    partitions it holds (under a union its ``partitionId`` is the union's), yet
+    timers must fire on every rockstate partition, rows or not: a marker tells
+    the task its number. Markers copy a real row otherwise; the task drops them.
+    """
+    tasks = max(1, min(tasks, partitions))
+    index = df.columns.index(partition_col)
+
+    def mark(batches):
+        marked = False
+        for batch in batches:
+            yield batch
+            if not marked and batch.num_rows:
+                marked = True
+                rows = pa.Table.from_batches([batch.slice(0, 1)] * tasks)
+                ids = pa.array(range(partitions, partitions + tasks), type=rows.schema.field(index).type)
+                yield from rows.set_column(index, partition_col, ids).to_batches()
+
+    return df.mapInArrow(mark, df.schema)

@@ -1,251 +1,83 @@
-"""The user's side of the operator: ``StatefulProcessor`` and its state handles.
+"""The user's side of the operator: ``StatefulProcessor`` and the handle its ``init`` gets.
 
-A processor gets its states in ``init(handle)`` and implements one of:
+The shape is Spark's ``transformWithStateInPandas`` with snake_case names:
+``init(handle)``; ``handle_input_rows(key, rows, timer_values)``;
+``handle_expired_timer(key, timer_values, expired_timer_info)``;
+``handle_initial_state(key, initial_state, timer_values)``; ``close()``. The
+handle gives states (``get_value_state(name, schema, ttl_duration_ms)``,
+``get_list_state``, ``get_map_state``, ``delete_if_exists``) and timers
+(``register_timer``, ``delete_timer``, ``list_timers``). Porting a Spark
+processor is renaming; docs/spark.md lists every method side by side.
 
-- ``handle_batch(batch) -> DataFrame``: vectorized. ``batch`` is a pandas
-  DataFrame of many keys' rows; the handles take arrays of keys (and values)
-  and answer in order: ``get_many``, ``put_many``, ``delete_many``...
-- ``handle_input_rows(key, rows) -> Iterator[DataFrame]``: once per key, the
-  shape of Spark's ``transformWithStateInPandas`` (snake_case names, no
-  timers). The handles then act on the current key: ``get()``, ``update(v)``,
-  ``exists()``, ``clear()``... Porting a Spark processor is renaming.
+A processor may instead be vectorized: ``handle_batch(batch)`` gets a pandas
+DataFrame of many keys' rows, and the handles take arrays of keys
+(``get_many``, ``put_many``, ...; ``register_timers(keys, times)``), and
+``handle_expired_timers(timers, timer_values)`` gets the expired timers as a
+DataFrame.
 
 Either way the operator reads state for a whole batch at once and writes it
 back at the end of the batch in one request per owner (see ``batch``): the
-handles never talk to the cluster per key. Per-key map-state reads are the one
-exception: a key's map is scanned (one request) the first time the batch
-reads it, since its user keys are not known in advance.
-
-Values are what rockstate stores: None, bool, int, float, str, bytes, list
-and dict (tuples come back as lists). TTLs are in seconds; a write refreshes
-an entry's expiry.
+handles never talk to the cluster per key. Per-key map-state reads and
+``list_timers`` are the exceptions: a key's map or timers are scanned (one
+request) the first time the batch reads them.
 """
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from ..errors import InvalidInputError
-from ..serde import decode_key, decode_stream, decode_value, encode_key, encode_values
-from ..states import Backend, batch_columns, key_list, prepare_keys
+from ..errors import InvalidInputError, StateKindError, StateSchemaError, TimerModeError
+from ..keys import partition_of
+from ..serde import decode_value, encode_key, encode_value
+from ..states import Backend, key_list, prepare_keys
 from ..store.catalog import StateSpec, check_name
 from .batch import Batch, KeyedView
+from .clock import now_ms
+from .handles import ListStateHandle, MapStateHandle, StateHandle, ValueStateHandle
+from .timers import TimerView
+from .values import StateCodec, check_evolution, struct_of
+
+SCHEMAS = "_state_schemas"  # per state: kind, schemas, whether it has a TTL
 
 
-def _same_length(what: str, keys: list, other: list) -> None:
-    if len(keys) != len(other):
-        raise InvalidInputError(f"{what}: {len(keys)} keys but {len(other)} values")
+def _ttl_ms(ttl: float | None, ttl_duration_ms: int | None) -> int | None:
+    if ttl is not None and ttl_duration_ms is not None:
+        raise InvalidInputError("give a state's TTL once: ttl (seconds) or ttl_duration_ms (Spark's milliseconds)")
+    ms = ttl_duration_ms if ttl is None else ttl * 1000
+    if ms is None:
+        return None
+    if isinstance(ms, bool) or not isinstance(ms, (int, float, np.number)) or ms <= 0:
+        raise InvalidInputError(f"a state's TTL must be a positive number, got {ttl if ttl is not None else ttl_duration_ms!r}")
+    return int(ms)
 
 
-class _StateHandle:
-    kind = ""
-
-    def __init__(self, owner: StatefulProcessorHandle, spec: StateSpec) -> None:
-        self.name, self.spec, self._owner = spec.name, spec, owner
-        self._backend = owner.backend
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name!r} ttl={self.spec.ttl}>"
-
-    def _view(self) -> Any:
-        return self._owner.batch(self.name).view(self.name, self.kind)
-
-    def _keys(self, keys: Any) -> tuple[list[bytes], np.ndarray]:
-        return self._owner.encode_keys(keys)
-
-    def _current(self) -> tuple[bytes, int]:
-        current = self._owner.batch(self.name).current
-        if current is None:
-            raise InvalidInputError(
-                f"state {self.name!r}: methods without keys act on the current key and work only inside "
-                "handle_input_rows; in handle_batch pass the keys (get_many, put_many, ...)"
-            )
-        return current
-
-    def _encode(self, values: Iterable[Any]) -> list[bytes]:
-        return encode_values(values, self._backend.max_value_bytes)
-
-
-class ValueStateHandle(_StateHandle):
-    """One value per key."""
-
-    kind = "value"
-
-    def get_many(self, keys: Any, default: Any = None) -> list[Any]:
-        encoded, pids = self._keys(keys)
-        return [default if v is None else decode_value(v) for v in self._view().read(encoded, pids)]
-
-    def put_many(self, keys: Any, values: Any = None) -> None:
-        """``put_many(keys, values)``, ``put_many(mapping)`` or ``put_many(pairs)``, as on a plain state."""
-        keys, column, values = batch_columns(keys, values)
-        encoded, pids = self._owner.encode_keys(keys, column)
-        self._view().write_columns(encoded, pids, encode_values(values, self._backend.max_value_bytes, column))
-
-    def delete_many(self, keys: Any) -> None:
-        encoded, pids = self._keys(keys)
-        self._view().write_columns(encoded, pids, None)
-
-    # -- the current key (handle_input_rows) --
-
-    def exists(self) -> bool:
-        return self._view().get(*self._current()) is not None
-
-    def get(self, default: Any = None) -> Any:
-        data = self._view().get(*self._current())
-        return default if data is None else decode_value(data)
-
-    def update(self, value: Any) -> None:
-        key, pid = self._current()
-        self._view().write([key], [pid], self._encode([value]))
-
-    def clear(self) -> None:
-        key, pid = self._current()
-        self._view().write([key], [pid], [None])
-
-
-class ListStateHandle(_StateHandle):
-    """A list of values per key."""
-
-    kind = "list"
-
-    def get_many(self, keys: Any) -> list[list[Any]]:
-        encoded, pids = self._keys(keys)
-        return [[] if v is None else decode_stream(v) for v in self._view().read(encoded, pids)]
-
-    def put_many(self, keys: Any, lists: Any) -> None:
-        """Replace each key's list (an empty list deletes it)."""
-        encoded, pids = self._keys(keys)
-        lists = key_list(lists)
-        _same_length("put_many", encoded, lists)
-        data = [b"".join(self._encode(key_list(items))) or None for items in lists]
-        self._view().write(encoded, pids.tolist(), data)
-
-    def append_many(self, keys: Any, values: Any) -> None:
-        """Append values[i] to the list of keys[i], in order (a key may repeat)."""
-        encoded, pids = self._keys(keys)
-        values = self._encode(key_list(values))
-        _same_length("append_many", encoded, values)
-        first = dict(zip(encoded, range(len(encoded))))  # distinct keys, each with one of its rows
-        rows = list(first.values())
-        lists = dict(zip(first, (v or b"" for v in self._view().read(list(first), pids[rows]))))
-        for key, value in zip(encoded, values):
-            lists[key] += value
-        self._view().write(list(lists), pids[rows].tolist(), list(lists.values()))
-
-    def delete_many(self, keys: Any) -> None:
-        encoded, pids = self._keys(keys)
-        self._view().write(encoded, pids.tolist(), [None] * len(encoded))
-
-    # -- the current key (handle_input_rows) --
-
-    def _stored(self) -> bytes:
-        return self._view().get(*self._current()) or b""
-
-    def exists(self) -> bool:
-        return bool(self._stored())
-
-    def get(self) -> Iterator[Any]:
-        return iter(decode_stream(self._stored()))
-
-    def put(self, values: Iterable[Any]) -> None:
-        key, pid = self._current()
-        self._view().write([key], [pid], [b"".join(self._encode(values)) or None])
-
-    def append_value(self, value: Any) -> None:
-        self.append_list([value])
-
-    def append_list(self, values: Iterable[Any]) -> None:
-        key, pid = self._current()
-        data = self._stored() + b"".join(self._encode(values))
-        self._view().write([key], [pid], [data or None])
-
-    def clear(self) -> None:
-        key, pid = self._current()
-        self._view().write([key], [pid], [None])
-
-
-class MapStateHandle(_StateHandle):
-    """A map of user keys to values per key."""
-
-    kind = "map"
-
-    def _user_keys(self, user_keys: Any, n: int) -> list[bytes]:
-        limit = self._backend.max_key_bytes
-        encoded = [encode_key(uk, limit) for uk in key_list(user_keys)]
-        if len(encoded) != n:
-            raise InvalidInputError(f"map state {self.name!r}: {n} keys but {len(encoded)} user keys")
-        return encoded
-
-    def get_many(self, keys: Any, user_keys: Any, default: Any = None) -> list[Any]:
-        encoded, pids = self._keys(keys)
-        found = self._view().read(encoded, pids, self._user_keys(user_keys, len(encoded)))
-        return [default if v is None else decode_value(v) for v in found]
-
-    def put_many(self, keys: Any, user_keys: Any, values: Any) -> None:
-        encoded, pids = self._keys(keys)
-        values = self._encode(key_list(values))
-        _same_length("put_many", encoded, values)
-        self._view().write(encoded, pids.tolist(), self._user_keys(user_keys, len(encoded)), values)
-
-    def delete_many(self, keys: Any, user_keys: Any) -> None:
-        """Remove the entry user_keys[i] of keys[i]."""
-        encoded, pids = self._keys(keys)
-        self._view().write(encoded, pids.tolist(), self._user_keys(user_keys, len(encoded)), [None] * len(encoded))
-
-    def clear_many(self, keys: Any) -> None:
-        """Remove every entry of each key."""
-        encoded, pids = self._keys(keys)
-        self._view().clear(encoded, pids.tolist())
-
-    # -- the current key (handle_input_rows) --
-
-    def _entries(self) -> dict[bytes, bytes]:
-        return self._view().entries(*self._current())
-
-    def exists(self) -> bool:
-        return bool(self._entries())
-
-    def get_value(self, user_key: Any, default: Any = None) -> Any:
-        data = self._view().get(*self._current(), encode_key(user_key, self._backend.max_key_bytes))
-        return default if data is None else decode_value(data)
-
-    def contains_key(self, user_key: Any) -> bool:
-        return self.get_value(user_key) is not None
-
-    def update_value(self, user_key: Any, value: Any) -> None:
-        key, pid = self._current()
-        self._view().write([key], [pid], [encode_key(user_key, self._backend.max_key_bytes)], self._encode([value]))
-
-    def remove_key(self, user_key: Any) -> None:
-        key, pid = self._current()
-        self._view().write([key], [pid], [encode_key(user_key, self._backend.max_key_bytes)], [None])
-
-    def iterator(self) -> Iterator[tuple[Any, Any]]:
-        return iter([(decode_key(uk), decode_value(v)) for uk, v in sorted(self._entries().items())])
-
-    def keys(self) -> Iterator[Any]:
-        return (uk for uk, _ in self.iterator())
-
-    def values(self) -> Iterator[Any]:
-        return (v for _, v in self.iterator())
-
-    def clear(self) -> None:
-        key, pid = self._current()
-        self._view().clear([key], [pid])
+def _times(times: Any) -> list[int]:
+    """Timer times as int milliseconds (ints, or datetime-like values)."""
+    if isinstance(times, (pd.Series, pd.Index, np.ndarray)) and np.asarray(times).dtype.kind == "M":
+        return (pd.to_datetime(np.asarray(times)).asi8 // 1_000_000).tolist()
+    return [int(t) for t in key_list(times)]
 
 
 class StatefulProcessorHandle:
-    """What ``init`` gets: defines the processor's states and gives their handles."""
+    """What ``init`` gets: defines the processor's states and timers and gives their handles."""
 
-    def __init__(self, backend: Backend, namespace: str = "") -> None:
-        """``namespace``: prefixed to every state name ("<namespace>.<name>"; "" for the names as given)."""
-        self.backend, self.namespace = backend, namespace
-        self._handles: dict[str, _StateHandle] = {}
+    def __init__(self, backend: Backend, namespace: str = "", *, schemas: dict | None = None, clock=None,
+                 time_mode: str = "none") -> None:
+        """``namespace``: prefixed to every state name ("" for the names as given); ``schemas``: DDL strings parsed on
+        the driver; ``clock``: the task's ``TaskClock``; ``time_mode``: the operator's ("none", "processingtime",
+        "eventtime")."""
+        self.backend, self.namespace, self.schemas = backend, namespace, {} if schemas is None else schemas
+        self.clock, self.time_mode = clock, time_mode
+        self.timer_state = self._full("_timers") if namespace else "_timers"
+        self._handles: dict[str, StateHandle] = {}
+        self._timers_defined = False
+        self.deleted: set[str] = set()  # states delete_if_exists cleared: the task deletes them with its batch
         self._batch: Batch | None = None
         self._last_index: tuple[pd.Index, list[bytes], np.ndarray] | None = None
 
@@ -253,26 +85,155 @@ class StatefulProcessorHandle:
     def partitions(self) -> int:
         return self.backend.partitions
 
-    def value_state(self, name: str, ttl: float | None = None) -> ValueStateHandle:
-        return self._state(ValueStateHandle, name, ttl)
+    def _full(self, name: str) -> str:
+        return check_name(f"{self.namespace}.{name}", internal=True) if self.namespace else name
 
-    def list_state(self, name: str, ttl: float | None = None) -> ListStateHandle:
-        return self._state(ListStateHandle, name, ttl)
+    def now_ms(self) -> int:
+        """The batch's processing time (what TTLs count from)."""
+        return now_ms() if self.clock is None else self.clock.processing_ms
 
-    def map_state(self, name: str, ttl: float | None = None) -> MapStateHandle:
-        return self._state(MapStateHandle, name, ttl)
+    # -- states -------------------------------------------------------------
 
-    def _state(self, cls: type, name: str, ttl: float | None) -> Any:
-        check_name(name)
-        if self.namespace:
-            name = check_name(f"{self.namespace}.{name}")
-        wanted = StateSpec(name, cls.kind, ttl)
-        handle = self._handles.get(name)
+    def value_state(self, name: str, schema: Any = None, *, ttl: float | None = None, ttl_duration_ms: int | None = None) -> ValueStateHandle:
+        """One value per key; ``schema``: a StructType or DDL string (None: any value); a TTL in seconds or Spark's ms."""
+        return self._state(ValueStateHandle, name, schema, _ttl_ms(ttl, ttl_duration_ms))
+
+    def list_state(self, name: str, schema: Any = None, *, ttl: float | None = None, ttl_duration_ms: int | None = None) -> ListStateHandle:
+        return self._state(ListStateHandle, name, schema, _ttl_ms(ttl, ttl_duration_ms))
+
+    def map_state(self, name: str, user_key_schema: Any = None, value_schema: Any = None, *, ttl: float | None = None,
+                  ttl_duration_ms: int | None = None) -> MapStateHandle:
+        return self._state(MapStateHandle, name, value_schema, _ttl_ms(ttl, ttl_duration_ms), user_key_schema)
+
+    def get_value_state(self, state_name: str, schema: Any = None, ttl_duration_ms: int | None = None) -> ValueStateHandle:
+        """Spark's ``getValueState(stateName, schema, ttlDurationMs)``."""
+        return self.value_state(state_name, schema, ttl_duration_ms=ttl_duration_ms)
+
+    def get_list_state(self, state_name: str, schema: Any = None, ttl_duration_ms: int | None = None) -> ListStateHandle:
+        """Spark's ``getListState(stateName, schema, ttlDurationMs)``."""
+        return self.list_state(state_name, schema, ttl_duration_ms=ttl_duration_ms)
+
+    def get_map_state(self, state_name: str, user_key_schema: Any = None, value_schema: Any = None,
+                      ttl_duration_ms: int | None = None) -> MapStateHandle:
+        """Spark's ``getMapState(stateName, userKeySchema, valueSchema, ttlDurationMs)``."""
+        return self.map_state(state_name, user_key_schema, value_schema, ttl_duration_ms=ttl_duration_ms)
+
+    def delete_if_exists(self, state_name: str) -> None:
+        """Delete every value of the state on this task's partitions, with the batch (Spark's ``deleteIfExists``)."""
+        full = self._full(check_name(state_name))
+        handle = self._handles.get(full)
         if handle is not None:
-            handle.spec.check_same(wanted)
+            handle.deleted = True
+        self.deleted.add(full)
+
+    def to_delete(self) -> list[str]:
+        """The states ``delete_if_exists`` cleared (of those asked for): deleted with the batch."""
+        return sorted(self.deleted & self._handles.keys())
+
+    def _state(self, cls: type, name: str, schema: Any, ttl_ms: int | None, key_schema: Any = None) -> Any:
+        full = self._full(check_name(name))
+        what = f"state {name!r}"
+        codec = StateCodec(full, struct_of(schema, self.schemas, what), ttl_ms, self.now_ms, self.backend.max_value_bytes,
+                           struct_of(key_schema, self.schemas, what + " user key"))
+        handle = self._handles.get(full)
+        if handle is not None and not handle.deleted:
+            old = handle.codec
+            if handle.kind != cls.kind or (old.schema, old.key_schema, old.ttl_ms) != (codec.schema, codec.key_schema, codec.ttl_ms):
+                raise StateKindError(f"state {name!r} is already a {handle!r}; it cannot be asked for again as another")
             return handle
-        handle = self._handles[name] = cls(self, self.backend.define_state(wanted))
+        self.deleted.discard(full)
+        handle = self._handles[full] = cls(self, self.backend.define_state(StateSpec(full, cls.kind)), codec)
         return handle
+
+    def record_schemas(self) -> None:
+        """Check each typed or TTL state against what it was created with (kind, schemas, TTL or not); record new ones.
+
+        (An untyped state without a TTL has no record, and costs no request.)"""
+        typed = {full: h for full, h in self._handles.items() if not h.codec.plain}
+        if not typed:
+            return
+        backend = self.backend
+        backend.define_state(StateSpec(SCHEMAS, "value"))
+        wanted = {}
+        for full, handle in typed.items():
+            c = handle.codec
+            wanted[full] = {"kind": handle.kind, "ttl": c.ttl_ms is not None,
+                            "schema": c.schema and c.schema.json(), "key_schema": c.key_schema and c.key_schema.json()}
+        by_pid: dict[int, list[str]] = {}
+        for full in wanted:
+            by_pid.setdefault(partition_of(full, backend.partitions), []).append(full)
+        found = backend.get_many(SCHEMAS, {pid: [encode_key(n) for n in names] for pid, names in by_pid.items()})
+        for pid, names in by_pid.items():
+            for full, old in zip(names, found[pid]):
+                new = wanted[full]
+                if old is None or self._evolved(full, decode_value(old), new):
+                    backend.compare_and_set(SCHEMAS, pid, encode_key(full), old, encode_value(new))
+
+    @staticmethod
+    def _evolved(state: str, stored: dict, new: dict) -> bool:
+        """Whether ``new`` differs from ``stored`` in a way the stored values can follow; refuses any other change."""
+        from pyspark.sql.types import StructType
+
+        if stored == new:
+            return False
+        if stored["kind"] != new["kind"]:
+            raise StateKindError(f"state {state!r} is a {stored['kind']} state; it cannot be used as a {new['kind']} state")
+        if stored["ttl"] != new["ttl"]:
+            raise StateSchemaError(f"state {state!r} was created {'with' if stored['ttl'] else 'without'} a TTL; a TTL can be "
+                                   "changed but not added or removed: use a new state name", state=state)
+        for part in ("schema", "key_schema"):
+            old, now = stored[part], new[part]
+            if (old is None) != (now is None):
+                raise StateSchemaError(f"state {state!r} was created {'with' if old else 'without'} a schema; use a new state name", state=state)
+            if old is not None and part == "key_schema" and old != now:
+                raise StateSchemaError(f"the user key schema of map state {state!r} cannot change", state=state)
+            if old is not None:
+                check_evolution(state, StructType.fromJson(json.loads(old)), StructType.fromJson(json.loads(now)))
+        return True
+
+    # -- timers -------------------------------------------------------------
+
+    def _timers(self) -> TimerView:
+        if self.time_mode not in ("processingtime", "eventtime"):
+            raise TimerModeError("timers need transform_with_state(..., time_mode='processingtime' or 'eventtime')")
+        self.define_timers()
+        return self.batch(self.timer_state).view(self.timer_state, "timers")
+
+    def define_timers(self) -> None:
+        if not self._timers_defined:
+            self.backend.define_state(StateSpec(self.timer_state, "value"))
+            self._timers_defined = True
+
+    def register_timer(self, expiry_timestamp_ms: int) -> None:
+        """A timer for the current key, firing in the first batch whose processing time (or watermark) reaches it."""
+        view = self._timers()
+        view.change(*map(list, zip(self.current_key("timers"))), [expiry_timestamp_ms], True)
+
+    def delete_timer(self, expiry_timestamp_ms: int) -> None:
+        view = self._timers()
+        view.change(*map(list, zip(self.current_key("timers"))), [expiry_timestamp_ms], False)
+
+    def list_timers(self) -> Iterator[int]:
+        """The current key's timers, in time order."""
+        view = self._timers()
+        return iter(view.list(*self.current_key("timers")))
+
+    def register_timers(self, keys: Any, times: Any) -> None:
+        """Vectorized ``register_timer``: a timer at times[i] (ms, or datetime-like) for keys[i]."""
+        self._change_timers(keys, times, True)
+
+    def delete_timers(self, keys: Any, times: Any) -> None:
+        self._change_timers(keys, times, False)
+
+    def _change_timers(self, keys: Any, times: Any, on: bool) -> None:
+        view = self._timers()
+        encoded, pids = self.encode_keys(keys)
+        times = _times(times)
+        if len(times) != len(encoded):
+            raise InvalidInputError(f"{len(encoded)} keys but {len(times)} timer times")
+        view.change(encoded, pids.tolist(), times, on)
+
+    # -- the batch ----------------------------------------------------------
 
     def encode_keys(self, keys: Any, column: list | None = None) -> tuple[list[bytes], np.ndarray]:
         """Encoded keys and their partitions. A pandas Index is immutable, so the usual
@@ -287,16 +248,28 @@ class StatefulProcessorHandle:
 
     def batch(self, state: str) -> Batch:
         if self._batch is None:
-            raise InvalidInputError(f"state {state!r} is used outside handle_batch / handle_input_rows")
+            raise InvalidInputError(f"state {state!r} is used outside the processor's handlers")
         return self._batch
+
+    def current_key(self, state: str) -> tuple[bytes, int]:
+        current = self.batch(state).current
+        if current is None:
+            raise InvalidInputError(
+                f"{state}: methods without keys act on the current key and work only inside handle_input_rows "
+                "(and handle_expired_timer, handle_initial_state); in handle_batch pass the keys "
+                "(get_many, put_many, register_timers, ...)"
+            )
+        return current
 
     def begin(self, batch: Batch) -> None:
         self._batch, self._last_index = batch, None
 
     def prefetch(self, keys: list[bytes], pids: np.ndarray) -> None:
         """Read every value and list state of ``keys`` for the batch: one get_many per state."""
-        for handle in self._handles.values():
-            view = self._batch.view(handle.name, handle.kind)
+        for name, handle in self._handles.items():
+            if handle.deleted:
+                continue
+            view = self._batch.view(name, handle.kind)
             if isinstance(view, KeyedView):
                 view.prefetch(keys, pids)
 
@@ -307,27 +280,40 @@ class StatefulProcessorHandle:
 
 
 class StatefulProcessor(ABC):
-    """Keyed stateful logic for ``transform_with_state``; implement ``init`` and one of the two handlers.
+    """Keyed stateful logic for ``transform_with_state``: ``init`` and one of two handlers, per key or vectorized.
 
-    ``handle_batch(self, batch: pandas.DataFrame) -> pandas.DataFrame | None``
-        Vectorized: ``batch`` holds the rows of many keys (every row of a key
-        that the task got in this micro-batch, unless they exceed the
-        operator's ``max_batch_bytes``); use the handles' ``*_many`` methods.
+    Per key, as Spark's ``transformWithStateInPandas``:
 
-    ``handle_input_rows(self, key: tuple, rows: Iterator[pandas.DataFrame]) -> Iterator[pandas.DataFrame | tuple]``
-        Per key, like Spark's ``handleInputRows``: ``key`` is the tuple of the
-        key columns' values, ``rows`` an iterator over one DataFrame of the
-        key's rows; the handles' methods without keys act on this key. It
-        yields DataFrames, as in Spark, or tuples: one output row each, in
-        ``output_schema`` order, far cheaper than a one-row DataFrame.
+    ``handle_input_rows(self, key, rows, timer_values) -> Iterator[DataFrame | tuple]``
+        ``key`` is the tuple of the key columns' values, ``rows`` an iterator
+        over one DataFrame of the key's rows in this micro-batch (``timer_values``
+        may be left out of the signature). The handles' methods without keys
+        act on this key. Yields DataFrames, as in Spark, or tuples: one output
+        row each, in ``output_schema`` order, far cheaper than a one-row DataFrame.
+    ``handle_expired_timer(self, key, timer_values, expired_timer_info)`` (optional)
+        Called for each timer that fired, after the batch's rows; yields rows the same way.
+    ``handle_initial_state(self, key, initial_state, timer_values)`` (optional)
+        Called in the query's first batch for each key of ``initial_state=``.
+
+    Vectorized:
+
+    ``handle_batch(self, batch) -> DataFrame | None``
+        ``batch`` holds the rows of many keys (every row of a key that the
+        task got in this micro-batch, unless they exceed the operator's
+        ``max_batch_bytes``); use the handles' ``*_many`` methods.
+    ``handle_expired_timers(self, timers, timer_values) -> DataFrame | None`` (optional)
+        ``timers``: the key columns and ``expiry_time_ms``, one row per fired timer.
+    ``handle_initial_state(self, initial_state, timer_values)`` (optional)
+        ``initial_state``: the initial-state rows of the task's keys.
 
     A processor is pickled to the executors; every task gets its own copy and
-    calls ``init`` once, then the handler per batch (or key), then ``close``.
+    calls ``init`` once, then the handlers, then ``close``. The operator also
+    calls ``init`` once on the driver (as Spark does), to learn the states' schemas.
     """
 
     @abstractmethod
     def init(self, handle: StatefulProcessorHandle) -> None:
-        """Get the state handles: ``handle.value_state(name)``, ``map_state``, ``list_state``."""
+        """Get the state handles: ``handle.get_value_state(name, schema)``, ``get_list_state``, ``get_map_state``."""
 
     def close(self) -> None:
         """Called when the task's input is done (also after a failure)."""

@@ -1,0 +1,151 @@
+"""A processor's handles without Spark: typed state, Spark's TTL, timers, schema changes.
+
+The handles run over an embedded store (real RocksDB) in the batch machinery
+the operator uses; a batch's clock is set by hand (what the operator takes
+from the query's batch clock).
+"""
+
+import datetime as dt
+from decimal import Decimal
+
+import numpy as np
+import pandas as pd
+import pytest
+from pyspark.sql import Row
+from pyspark.sql import types as T
+
+import rockstate
+from rockstate.errors import InvalidValueError, StateSchemaError, TimerModeError
+from rockstate.serde import encode_key
+from rockstate.spark.batch import Batch, BatchWriter
+from rockstate.spark.processor import StatefulProcessorHandle
+
+EVERY_TYPE = T.StructType([
+    T.StructField("b", T.ByteType()), T.StructField("s", T.ShortType()), T.StructField("i", T.IntegerType()),
+    T.StructField("l", T.LongType()), T.StructField("f", T.FloatType()), T.StructField("d", T.DoubleType()),
+    T.StructField("str", T.StringType()), T.StructField("bin", T.BinaryType()), T.StructField("ok", T.BooleanType()),
+    T.StructField("ts", T.TimestampType()), T.StructField("day", T.DateType()), T.StructField("amount", T.DecimalType(12, 2)),
+    T.StructField("tags", T.ArrayType(T.IntegerType())), T.StructField("attrs", T.MapType(T.StringType(), T.LongType())),
+    T.StructField("where", T.StructType([T.StructField("city", T.StringType()), T.StructField("zip", T.IntegerType())])),
+])
+
+
+class Clock:
+    processing_ms = 1_000_000
+
+
+@pytest.fixture
+def rs(tmp_path):
+    with rockstate.open(str(tmp_path / "db"), partitions=4) as handle:
+        yield handle
+
+
+def handle_of(rs, time_mode="processingtime"):
+    return StatefulProcessorHandle(rs.backend, "op", clock=Clock(), time_mode=time_mode)
+
+
+def on_key(handle, key, work):
+    """``work()`` as a per-key handler of ``key`` in one batch, written back at its end."""
+    batch = Batch(handle.backend, BatchWriter(handle.backend))
+    handle.begin(batch)
+    encoded, pids = handle.encode_keys([key])
+    batch.current = (encoded[0], int(pids[0]))
+    try:
+        return work()
+    finally:
+        batch.current = None
+        handle.finish()
+
+
+def test_typed_value_state_takes_numpy_and_pandas_and_returns_rows(rs):
+    handle = handle_of(rs)
+    state = handle.get_value_state("every", EVERY_TYPE)
+    when = pd.Timestamp("2024-03-01 12:30:00.123456")
+    value = (np.int8(1), np.int16(-2), np.int32(3), np.int64(1 << 40), np.float32(1.5), 2.25, "uuid-ish", b"\x00\x01", np.bool_(True),
+             when, dt.date(2024, 2, 29), Decimal("1234.50"), np.array([1, 2, 3]), {"a": np.int64(7)}, ("Berlin", 10115))
+    on_key(handle, "k1", lambda: state.update(value))
+    got = on_key(handle, "k1", state.get)
+    assert isinstance(got, Row) and got.where == Row(city="Berlin", zip=10115)
+    assert got == (1, -2, 3, 1 << 40, 1.5, 2.25, "uuid-ish", b"\x00\x01", True, when.to_pydatetime(), dt.date(2024, 2, 29),
+                   Decimal("1234.50"), [1, 2, 3], {"a": 7}, ("Berlin", 10115))
+    assert got[0] == 1 and got.amount == Decimal("1234.50")
+    with pytest.raises(InvalidValueError, match="does not fit"):
+        on_key(handle, "k1", lambda: state.update(("not a byte",) + value[1:]))
+
+
+def test_typed_map_and_list_state_as_spark_gives_them(rs):
+    handle = handle_of(rs)
+    counts = handle.get_map_state("counts", T.StructType([T.StructField("name", T.StringType())]),
+                                  T.StructType([T.StructField("count", T.IntegerType())]))
+    seen = handle.get_list_state("seen", T.StructType([T.StructField("at", T.TimestampType())]))
+    at = dt.datetime(2024, 1, 1, 8, 0)
+
+    def work():
+        counts.update_value(("key2",), (2,))
+        counts.update_value(("key1",), (np.int64(1),))
+        seen.append_list([(at,), (pd.Timestamp(at) + pd.Timedelta(minutes=1),)])
+        return list(counts.iterator()), list(seen.get())
+
+    items, listed = on_key(handle, ("t", 1), work)
+    assert items == [(("key1",), (1,)), (("key2",), (2,))]  # a stored tuple comes back as a tuple (a Row)
+    assert next(iter(items))[0] == ("key1",) and listed == [(at,), (at + dt.timedelta(minutes=1),)]
+
+
+def test_a_schema_may_gain_nullable_fields_and_nothing_else(rs):
+    old = T.StructType([T.StructField("n", T.LongType())])
+    handle = handle_of(rs)
+    state = handle.get_value_state("evolving", old)
+    handle.record_schemas()
+    on_key(handle, "k", lambda: state.update((5,)))
+
+    grown = T.StructType([*old.fields, T.StructField("note", T.StringType(), True)])
+    later = handle_of(rs)
+    state = later.get_value_state("evolving", grown)
+    later.record_schemas()
+    assert on_key(later, "k", state.get) == Row(n=5, note=None)
+
+    for bad in (T.StructType([T.StructField("n", T.StringType())]), T.StructType([T.StructField("m", T.LongType())]),
+                T.StructType([*old.fields, T.StructField("must", T.StringType(), False)])):
+        wrong = handle_of(rs)
+        wrong.get_value_state("evolving", bad)
+        with pytest.raises(StateSchemaError, match="evolving"):
+            wrong.record_schemas()
+    untyped = handle_of(rs)
+    untyped.value_state("evolving", ttl=60)
+    with pytest.raises(StateSchemaError, match="without a TTL"):
+        untyped.record_schemas()
+
+
+def test_ttl_counts_from_the_batch_timestamp_in_spark_units(rs):
+    handle = handle_of(rs)
+    value = handle.get_value_state("v", T.StructType([T.StructField("n", T.LongType())]), ttl_duration_ms=10_000)
+    items = handle.get_list_state("l", None, ttl_duration_ms=10_000)
+    on_key(handle, "k", lambda: (value.update((1,)), items.append_value("first")))
+    handle.clock.processing_ms += 5_000
+    on_key(handle, "k", lambda: items.append_value("second"))
+    handle.clock.processing_ms += 4_999  # 9.999 s after the first write: both alive
+    assert on_key(handle, "k", lambda: (value.get(), list(items.get()))) == ((1,), ["first", "second"])
+    handle.clock.processing_ms += 1  # the batch's time reaches the first expiry
+    assert on_key(handle, "k", lambda: (value.exists(), list(items.get()))) == (False, ["second"])
+    handle.clock.processing_ms += 5_000
+    assert on_key(handle, "k", items.exists) is False
+
+
+def test_timers_per_key_in_time_order_and_expired_ones_found_by_time(rs):
+    handle = handle_of(rs)
+    for key, times in (("a", [30, 10]), ("b", [20]), (("tuple", 2), [-5, 40])):
+        on_key(handle, key, lambda times=times: [handle.register_timer(t) for t in times])
+    assert on_key(handle, "a", lambda: list(handle.list_timers())) == [10, 30]
+    on_key(handle, "a", lambda: handle.delete_timer(30))
+
+    batch = Batch(rs.backend, BatchWriter(rs.backend))
+    handle.begin(batch)
+    view = batch.view(handle.timer_state, "timers")
+    handle.register_timers(pd.Series(["c", "d"]), [15, 99])  # the batch's own, vectorized
+    expired = view.expired(range(4), 25)
+    handle.finish()
+    assert [(ms, k) for ms, k, _ in expired] == [(-5, encode_key(("tuple", 2))), (10, encode_key("a")), (15, encode_key("c")),
+                                                  (20, encode_key("b"))]
+    untimed = handle_of(rs, "none")
+    with pytest.raises(TimerModeError, match="time_mode"):
+        on_key(untimed, "a", lambda: untimed.register_timer(5))
