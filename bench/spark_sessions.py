@@ -1,0 +1,223 @@
+"""Session windows closed by processing-time timers: rockstate vs Spark's transformWithStateInPandas, on local[2].
+
+Each key's session counts its events; every batch a key has events, its
+timer is moved to the batch's processing time plus the gap; when the timer
+fires, the session is emitted (key, events) and its state deleted. The events
+(BENCH_SESSION_EVENTS over BENCH_SESSION_KEYS string ids) are written once
+as Parquet files and read as a file stream of BENCH_SESSION_BATCHES
+micro-batches; key k has its events in batch k mod BATCHES only, so every
+session closes in the batch after its events (the last batch's stay open).
+The gap is BENCH_SESSION_GAP_MS (default 1 ms): a 30 s gap in processing time
+would need 30 s between batches for any timer to fire, and the gap's value
+does not change the work, only when it happens. Engines, each from empty
+state, into the ``noop`` sink:
+
+- rockstate, vectorized: ``handle_batch`` + ``handle_expired_timers``
+  (``get_many``/``put_many`` and ``register_timers``/``delete_timers`` per batch);
+- rockstate, per key: the transformWithStateInPandas processor renamed;
+- Spark ``transformWithStateInPandas`` (RocksDB state store), timeMode ProcessingTime.
+
+Then the timer's own cost, in one process against the same cluster: N
+timers registered and fired through the operator's handle and timer view
+(fire = find the expired ones in the index by time, delete them) against N
+value-state writes of the same keys (goal: firing <= 2x a write per timer).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+
+from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql.streaming import StatefulProcessor as SparkProcessor  # noqa: E402
+
+import rockstate  # noqa: E402
+from common import print_table  # noqa: E402
+from rockstate.spark import StatefulProcessor, close_clients, settle, state_name, transform_with_state  # noqa: E402
+from rockstate.spark.batch import Batch, BatchWriter  # noqa: E402
+from rockstate.spark.processor import StatefulProcessorHandle  # noqa: E402
+
+EVENTS = int(os.environ.get("BENCH_SESSION_EVENTS", 200_000))
+KEYS = int(os.environ.get("BENCH_SESSION_KEYS", 20_000))
+BATCHES = int(os.environ.get("BENCH_SESSION_BATCHES", 4))
+GAP_MS = int(os.environ.get("BENCH_SESSION_GAP_MS", 1))
+TIMERS = int(os.environ.get("BENCH_TIMERS", 100_000))
+OUTPUT = "key string, events long"
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+class VectorSessions(StatefulProcessor):
+    def init(self, handle):
+        self.handle = handle
+        self.sessions = handle.value_state("sessions")  # [events, timer ms]
+
+    def handle_batch(self, batch):
+        sizes = batch.groupby("key").size()
+        now = self.handle.now_ms()
+        old = self.sessions.get_many(sizes.index)
+        had = [i for i, s in enumerate(old) if s is not None]
+        if had:
+            self.handle.delete_timers(sizes.index[had], [old[i][1] for i in had])
+        counts = [(0 if s is None else s[0]) + int(n) for s, n in zip(old, sizes.to_numpy())]
+        self.sessions.put_many(sizes.index, [[c, now + GAP_MS] for c in counts])
+        self.handle.register_timers(sizes.index, np.full(len(sizes), now + GAP_MS))
+
+    def handle_expired_timers(self, timers, timer_values):
+        found = self.sessions.get_many(timers["key"])
+        self.sessions.delete_many(timers["key"])
+        return pd.DataFrame({"key": timers["key"], "events": [s[0] for s in found]})
+
+
+class SparkSessions(SparkProcessor):
+    def init(self, handle):
+        self.handle = handle
+        self.events = handle.getValueState("events", "n long")
+
+    def handleInputRows(self, key, rows, timerValues):
+        for t in self.handle.listTimers():
+            self.handle.deleteTimer(t)
+        n = (self.events.get()[0] if self.events.exists() else 0) + sum(len(pdf) for pdf in rows)
+        self.events.update((n,))
+        self.handle.registerTimer(timerValues.getCurrentProcessingTimeInMs() + GAP_MS)
+        return iter([])
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
+        n = self.events.get()[0]
+        self.events.clear()
+        yield pd.DataFrame({"key": key, "events": [n]})
+
+
+class KeySessions(StatefulProcessor):  # SparkSessions with rockstate's names: the port
+    def init(self, handle):
+        self.handle = handle
+        self.events = handle.get_value_state("events", "n long")
+
+    def handle_input_rows(self, key, rows, timer_values):
+        for t in self.handle.list_timers():
+            self.handle.delete_timer(t)
+        n = (self.events.get()[0] if self.events.exists() else 0) + sum(len(pdf) for pdf in rows)
+        self.events.update((n,))
+        self.handle.register_timer(timer_values.get_current_processing_time_in_ms() + GAP_MS)
+        return iter([])
+
+    def handle_expired_timer(self, key, timer_values, expired_timer_info):
+        n = self.events.get()[0]
+        self.events.clear()
+        yield pd.DataFrame({"key": key, "events": [n]})
+
+
+def write_events(directory: str) -> pd.Series:
+    """BATCHES Parquet files; returns the events per key of the sessions that close (all but the last batch's)."""
+    rng = np.random.default_rng(7)
+    keys = rng.integers(0, KEYS, EVENTS)
+    ids = np.array([f"user-{k:08d}" for k in range(KEYS)], dtype=object)
+    os.makedirs(directory)
+    for b in range(BATCHES):
+        mine = keys[keys % BATCHES == b]
+        path = os.path.join(directory, f"part-{b:03d}.parquet")
+        pq.write_table(pa.table({"key": ids[mine]}), path)
+        os.utime(path, (1000 + b, 1000 + b))
+    closed = keys[keys % BATCHES != BATCHES - 1]
+    return pd.Series(ids[closed]).value_counts()
+
+
+def stream(spark, source: str, root: str, name: str, build) -> tuple[float, pd.DataFrame, object]:
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
+    df = spark.readStream.schema("key string").option("maxFilesPerTrigger", 1).parquet(source)
+    start = time.perf_counter()
+    q = (build(df).writeStream.format("memory").queryName(name).outputMode("append")
+         .option("checkpointLocation", os.path.join(root, f"chk-{name}")).trigger(availableNow=True).start())
+    q.awaitTermination()
+    elapsed = time.perf_counter() - start
+    if q.exception() is not None:
+        raise RuntimeError(f"{name} failed: {q.exception()}")
+    return elapsed, spark.table(name).toPandas(), q
+
+
+def timer_cost(rs) -> tuple[float, float]:
+    """Per key: (a value-state write, a timer fired), each a batch of TIMERS keys through the operator's handle."""
+    handle = StatefulProcessorHandle(rs.backend, "bench-timers", time_mode="processingtime")
+    keys = pd.Index([f"user-{k:08d}" for k in range(TIMERS)])
+    state = handle.value_state("written")
+
+    def in_batch(work) -> float:
+        batch = Batch(rs.backend, BatchWriter(rs.backend))
+        handle.begin(batch)
+        start = time.perf_counter()
+        work(batch)
+        handle.finish()
+        return time.perf_counter() - start
+
+    writes, fires = [], []
+    for _ in range(3):
+        writes.append(in_batch(lambda b: state.put_many(keys, np.arange(TIMERS))))
+        in_batch(lambda b: handle.register_timers(keys, np.arange(TIMERS)))
+
+        def fire(batch):
+            view = batch.view(handle.timer_state, "timers")
+            expired = view.expired(range(rs.backend.partitions), TIMERS)
+            assert len(expired) == TIMERS
+            view.change([k for _, k, _ in expired], [p for _, _, p in expired], [ms for ms, _, _ in expired], False)
+
+        fires.append(in_batch(fire))
+    return statistics.median(writes) / TIMERS, statistics.median(fires) / TIMERS
+
+
+def main() -> None:
+    root = tempfile.mkdtemp(prefix="bench-sessions-")
+    spark = (SparkSession.builder.master("local[2]").appName("bench-sessions").config("spark.ui.enabled", "false")
+             .config("spark.driver.host", "127.0.0.1").config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    closed = write_events(os.path.join(root, "events"))
+    rows = []
+    try:
+        with rockstate.LocalCluster(nodes=2, partitions=16, root=os.path.join(root, "cluster")) as cluster:
+            engines = [
+                ("rockstate, vectorized (handle_batch)", lambda df: transform_with_state(
+                    df, "key", VectorSessions(), OUTPUT, cluster.address, time_mode="processingtime")),
+                ("rockstate, per key (the TWS processor renamed)", lambda df: transform_with_state(
+                    df, "key", KeySessions(), OUTPUT, cluster.address, time_mode="processingtime")),
+                ("Spark transformWithStateInPandas, RocksDB", lambda df: df.groupBy("key").transformWithStateInPandas(
+                    SparkSessions(), OUTPUT, "Update", "ProcessingTime")),
+            ]
+            times = {}
+            for i, (name, build) in enumerate(engines):
+                elapsed, out, q = stream(spark, os.path.join(root, "events"), root, f"s{i}", build)
+                got = out.set_index("key")["events"].sort_index()
+                assert got.to_dict() == closed.sort_index().to_dict(), f"{name}: closed sessions differ"
+                if name.startswith("rockstate"):
+                    settle(q, cluster.address)
+                times[name] = elapsed
+            tws = times[engines[-1][0]]
+            for name, elapsed in times.items():
+                rows.append([name, f"{elapsed:.2f}", f"{EVENTS / elapsed / 1000:.1f}", f"{len(closed):,}", f"{tws / elapsed:.2f}"])
+            print_table(f"spark sessions: {EVENTS:,} events over {KEYS:,} keys, {BATCHES} micro-batches, processing-time timers "
+                        f"(gap {GAP_MS} ms), local[2], one run each (goal: rockstate >= 10x transformWithStateInPandas)",
+                        ["engine", "s", "k events/s", "sessions closed", "x TWS-in-pandas"], rows)
+            with cluster.connect() as rs:
+                write, fire = timer_cost(rs)
+            print_table(f"timer cost, {TIMERS:,} keys per batch, median of 3 (goal: a fired timer <= 2x a state write)",
+                        ["per key", "us", "x state write"],
+                        [["value-state write", f"{write * 1e6:.2f}", "1.00"], ["timer fired (found by time, deleted)", f"{fire * 1e6:.2f}", f"{fire / write:.2f}"]])
+            close_clients()
+    finally:
+        spark.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
