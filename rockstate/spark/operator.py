@@ -136,6 +136,7 @@ def transform_with_state(
         time_mode=time_mode, event_time_column=event_time_column, watermark_delay_ms=delay_ms,
         schemas=_state_schemas(df.sparkSession, processor, backend.partitions),
         initial_state=None if initial_state is None else write_initial_state(backend, initial_state, names),
+        timezone=df.sparkSession.conf.get("spark.sql.session.timeZone"),
     )
     runner = TaskRunner(spec, processor, plan, micro, counters, sealing)
     partitioned = with_partition(df, names, backend.partitions)
@@ -162,7 +163,8 @@ def _choice(what: str, value: str, allowed: Sequence[str]) -> str:
 
 
 _UNITS = {"ms": 1, "millisecond": 1, "second": 1000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000, "week": 604_800_000}
-_WATERMARK = re.compile(r"EventTimeWatermark\s+'?`?([\w.]+?)`?(?:#\d+)?(?::\s*\w+)?,\s*(.+)$", re.M)
+# "EventTimeWatermark <node id>, eventTime#2: timestamp, 10 seconds" (Spark 4; Spark 3 has no node id)
+_WATERMARK = re.compile(r"EventTimeWatermark\s+(?:[0-9a-f-]{36},\s*)?'?`?([\w.]+?)`?(?:#\d+)?(?::\s*\w+)?,\s*(.+)$", re.M)
 
 
 def delay_ms(delay: str | int) -> int:

@@ -106,6 +106,7 @@ class Plan:
     watermark_delay_ms: int = 0
     schemas: dict = field(default_factory=dict)  # DDL strings the processor's init uses, parsed on the driver
     initial_state: tuple[str, tuple[str, ...]] | None = None  # (internal state, columns)
+    timezone: str = "UTC"  # the session's, for timestamps handed to pandas
 
     @property
     def markers(self) -> bool:
@@ -172,7 +173,7 @@ class TaskRunner:
             for table, starts in chunks(batches, PARTITION_COLUMN, self.keys, plan.max_batch_bytes):
                 rounds.rows_in += table.num_rows
                 if self.mode == "handle_batch":
-                    work = lambda batch, out, t=table: out.add(self.processor.handle_batch(t.drop_columns([PARTITION_COLUMN]).to_pandas()))
+                    work = lambda batch, out, t=table: out.add(self.processor.handle_batch(self._pandas(t)))
                 else:
                     work = lambda batch, out, t=table, s=starts: self._per_key(handle, batch, t, s, out, timer_values)
                 yield from rounds.run(work)
@@ -184,6 +185,14 @@ class TaskRunner:
                 self.counters[1].add(rounds.rows_out)
         finally:
             self.processor.close()
+
+    def _pandas(self, table: pa.Table) -> pd.DataFrame:
+        """The rows as Spark hands them to pandas: timestamps as naive datetime64[ns] in the session's time zone."""
+        frame = table.drop_columns([PARTITION_COLUMN]).to_pandas(coerce_temporal_nanoseconds=True)
+        for name, dtype in frame.dtypes.items():
+            if isinstance(dtype, pd.DatetimeTZDtype):
+                frame[name] = frame[name].dt.tz_convert(self.plan.timezone).dt.tz_localize(None)
+        return frame
 
     def _partitions(self, batches: Iterator[pa.RecordBatch], partitions: int) -> tuple[Iterator[pa.RecordBatch], list[int]]:
         """The input without its markers, and the rockstate partitions this task serves (none known: no markers came)."""
@@ -246,7 +255,7 @@ class TaskRunner:
         encoded = encode_keys(state_keys, handle.backend.max_key_bytes)
         pids = firsts.column(PARTITION_COLUMN).to_numpy().astype(np.int64)
         handle.prefetch(encoded, pids)
-        rows = table.drop_columns([PARTITION_COLUMN]).to_pandas()
+        rows = self._pandas(table)
         ends = [*starts[1:].tolist(), table.num_rows]
         handler = self.processor.handle_input_rows
         extra = (timer_values,) if self.takes_timer_values else ()
