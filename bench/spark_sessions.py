@@ -47,7 +47,7 @@ from pyspark.sql.streaming import StatefulProcessor as SparkProcessor  # noqa: E
 
 import rockstate  # noqa: E402
 from common import print_table  # noqa: E402
-from rockstate.spark import StatefulProcessor, close_clients, settle, state_name, transform_with_state  # noqa: E402
+from rockstate.spark import StatefulProcessor, close_clients, settle, transform_with_state  # noqa: E402
 from rockstate.spark.batch import Batch, BatchWriter  # noqa: E402
 from rockstate.spark.processor import StatefulProcessorHandle  # noqa: E402
 

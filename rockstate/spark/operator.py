@@ -7,12 +7,13 @@ live in exactly one task, so no two tasks race on a key's state), sorted by
 key within each task when the DataFrame is not streaming, and handed to
 ``mapInArrow``.
 
-In each task (``TaskRunner``): the processor is initialised once, the task's
-Arrow batches are regrouped into sorted chunks of whole keys (``chunks``), and
-for each chunk the processor runs over a ``Batch``: committed state is read
-with one ``get_many`` per state (per owner), writes are buffered and flushed
-as one backend write when the chunk is done, and only then is the chunk's
-output yielded. In a streaming query the writes are staged as the
+In each task (``task.TaskRunner``): the processor is initialised once, the
+task's Arrow batches are regrouped into sorted chunks of whole keys
+(``chunks``), and for each chunk the processor runs over a ``Batch``:
+committed state is read with one ``get_many`` per state (per owner), writes
+are buffered and flushed as one backend write when the chunk is done, and
+only then is the chunk's output yielded; the initial state comes before the
+chunks and the expired timers after them. In a streaming query the writes are staged as the
 micro-batch's version (``microbatch``), so a re-run replaces them; outside
 one they are written directly, before Spark sees the rows that depend on
 them.

@@ -276,7 +276,7 @@ def rockstate_states(rs, query, case: Case, spark_side: dict[str, list], spark_s
     for name, rows in spark_side.items():
         full = state_name(query, case.name, name)
         schema = spark_schemas[name]
-        kind, entries = "value", []
+        entries = []
         try:
             stored = [e for pid in range(backend.partitions) for e in backend.scan(full, pid, b"", None, 100_000)]
         except Exception:  # a state rockstate never wrote: no column family
@@ -287,7 +287,6 @@ def rockstate_states(rs, query, case: Case, spark_side: dict[str, list], spark_s
                 value = decode_value(data)
                 entries.append(((k,), _internal(uk if isinstance(uk, tuple) else (uk,), schema["user"]), _value(value, schema)))
             elif schema.get("list"):
-                kind = "list"
                 entries.extend(((decode_key(key),), _value(v, schema)) for v in decode_stream(data))
             else:
                 entries.append(((decode_key(key),), _value(decode_value(data), schema)))
