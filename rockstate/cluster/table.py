@@ -48,9 +48,6 @@ class Table:
     def replica_epoch(self, pid: int) -> int:
         return self.replica_epochs[pid] if self.replica_epochs else 0
 
-    def backed_up_by(self, node_id: str) -> list[int]:
-        return [p for p in range(self.partitions) if node_id in self.backups_of(p)]
-
     def with_owners(self, owners: list[str | None], addresses: dict[str, str]) -> "Table":
         """The next table: a new epoch, and ``since`` bumped for every partition that changed owner."""
         epoch = self.epoch + 1
