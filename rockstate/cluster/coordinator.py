@@ -252,6 +252,7 @@ class Coordinator(ClusterAnswers, Leading):
         if self.membership.addresses() != self.table.addresses:
             self.table = self.table.with_addresses(self.membership.addresses())
         await self._save()
+        self._spawn(self.replicas.returned(node_id))  # restarted before its partitions got a new primary: they are its again
         self._spawn(self._rebalance())
         return {
             "node_id": node_id,
@@ -291,6 +292,8 @@ class Coordinator(ClusterAnswers, Leading):
         self.membership.left(msg.node_id)
         self.event("member_left", node=msg.node_id)
         await self._save()
+        # its backup copies go with it: left in an in-sync set, primaries would wait for it and a promotion would ask it
+        await self.replicas.members_dead([msg.node_id])
         return {"moved": moved}
 
     # -- the table -----------------------------------------------------------

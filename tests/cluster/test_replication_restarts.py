@@ -1,0 +1,81 @@
+"""Replicated partitions through the chaos run's faults: a node added, an in-sync backup leaving gracefully and its
+primary SIGKILLed right after, the coordinator SIGKILLed and restarted, the killed node restarted with its data
+directory. Afterwards every partition has a primary and its backups in sync, and takes a write: no election waits on
+the node that left, and no primary waits for ever on it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from rockstate.cluster.local import LocalCluster, wait_until
+from rockstate.errors import RockstateError
+
+HEARTBEAT_TIMEOUT = 2.0
+
+
+class Writers:
+    """Writes to order ids in every partition until stopped; counts the writes each partition acknowledged."""
+
+    def __init__(self, cluster, keys: list[str]) -> None:
+        self.cluster, self.keys, self.done = cluster, keys, {k: 0 for k in keys}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with self.cluster.connect(retry_timeout=5.0, timeout=5.0) as rs:
+            orders, n = rs.value_state("orders"), 0
+            while not self._stop.is_set():
+                n += 1
+                for key in self.keys:
+                    try:
+                        orders.put(key, {"n": n, "at": "2026-11-23T16:00:00Z"})
+                        self.done[key] += 1
+                    except RockstateError:
+                        pass
+
+    def __enter__(self) -> "Writers":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+@pytest.mark.timeout(240)
+def test_writes_complete_after_node_and_coordinator_restarts(tmp_path):
+    with LocalCluster(nodes=3, partitions=12, root=str(tmp_path / "cluster"), heartbeat_timeout=HEARTBEAT_TIMEOUT,
+                      backup_count=1) as cluster:
+        with cluster.connect(retry_timeout=30) as rs:
+            keys = {}
+            for i in range(10_000):
+                keys.setdefault(rs.partition_of(f"order-{i:05d}"), f"order-{i:05d}")
+                if len(keys) == rs.partitions:
+                    break
+            with Writers(cluster, sorted(keys.values())) as writers:
+                cluster.add_node()
+                cluster.wait_replicated(60)
+                wait_until(lambda: min(writers.done.values()) > 0, 30, "a write to every partition")
+                # a primary whose in-sync backup leaves gracefully, and which is killed right after
+                replica = next(r for r in cluster.status()["replicas"] if r["backups"])
+                primary, backup = replica["primary"], replica["backups"][0]["node"]
+                cluster.stop_node(backup)
+                cluster.kill_node(primary)
+            wait_until(lambda: any(n["node_id"] == primary and n["status"] == "dead" for n in cluster.status()["nodes"]),
+                       30, f"{primary} declared dead")
+            cluster.kill_coordinator()
+            time.sleep(1.0)  # the coordinator stays down a while, as in the chaos run
+            cluster.restart_coordinator()
+            cluster.restart_node(primary)
+            cluster.wait_replicated(60)
+            # every partition takes a write within a few replica timeouts
+            with cluster.connect(retry_timeout=20.0, timeout=10.0) as fresh:
+                orders = fresh.value_state("orders")
+                for pid, key in sorted(keys.items()):
+                    started = time.monotonic()
+                    orders.put(key, {"n": -1, "at": "2026-11-23T17:00:00Z"})
+                    assert time.monotonic() - started < 15.0, f"partition {pid}: a write took {time.monotonic() - started:.1f}s"
+                assert orders.get_many(sorted(keys.values())) == [{"n": -1, "at": "2026-11-23T17:00:00Z"}] * len(keys)
