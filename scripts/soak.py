@@ -56,6 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--value-bytes", type=int, default=200, help="bytes per value (default 200)")
     ap.add_argument("--keys", type=int, default=10_000_000, help="keyspace size (default 10,000,000)")
     ap.add_argument("--batch", type=int, default=1000, help="keys per put_many (default 1000)")
+    ap.add_argument("--backup-count", type=int, default=None,
+                    help="synchronous backups per partition (default: the coordinator's, 1); the bound is verified at 0 only")
     ap.add_argument("--sample", type=float, default=1.0, help="seconds between RSS samples (default 1)")
     ap.add_argument("--progress", type=float, default=10.0, help="seconds between progress lines (default 10)")
     return ap.parse_args(argv)
@@ -138,8 +140,10 @@ def run(args: argparse.Namespace) -> int:
     ctx = mp.get_context("spawn")
     stop, counters = ctx.Event(), ctx.Array("q", 2 * args.writers)
     print(f"soak: {args.nodes} nodes x {args.memory_mib} MiB cap, margin {args.margin_mib} MiB, "
-          f"{args.writers} writers, {args.keys:,} keys x {args.value_bytes} B values, {args.seconds:g} s", flush=True)
-    with LocalCluster(nodes=args.nodes, partitions=args.partitions, node_memory_bytes=cap, processes=True) as cluster:
+          f"{args.writers} writers, {args.keys:,} keys x {args.value_bytes} B values, {args.seconds:g} s, "
+          f"backup_count {'default' if args.backup_count is None else args.backup_count}", flush=True)
+    with LocalCluster(nodes=args.nodes, partitions=args.partitions, node_memory_bytes=cap, processes=True,
+                      backup_count=args.backup_count) as cluster:
         nodes = cluster.nodes()
         idle = {n.node_id: rss_bytes(n.pid) for n in nodes}
         print("idle RSS: " + ", ".join(f"{k} {mib(v)} MiB" for k, v in idle.items()), flush=True)

@@ -23,7 +23,10 @@ def _load_script():
 
 def test_short_soak_passes_and_prints_the_verdict_table():
     result = subprocess.run(
-        [sys.executable, SCRIPT, "--seconds", "15", "--nodes", "2", "--memory-mib", "16", "--keys", "2000000", "--progress", "5"],
+        [sys.executable, SCRIPT, "--seconds", "15", "--nodes", "2", "--memory-mib", "16", "--keys", "2000000", "--progress", "5",
+         # without backups: the replication log a replica keeps in memory is not charged to memory_bytes
+         # (docs/guarantees.md, the RSS row), so the bound is verified at backup_count 0 only
+         "--backup-count", "0"],
         capture_output=True, text=True, timeout=120,
     )
     out = result.stdout
