@@ -200,14 +200,20 @@ class LocalCluster:
     def wait_balanced(self, timeout: float = START_TIMEOUT) -> dict:
         """Wait until every partition is owned by a live node and the table is balanced."""
 
+        seen: list = []
+
         def balanced():
             status = self.status()
+            seen[:] = [(n["node_id"], n["status"], n["partitions"]) for n in status["nodes"]]
             alive = [n for n in status["nodes"] if n["status"] == "alive"]
             counts = [n["partitions"] for n in alive]
             held = sum(counts) == status["partitions"]
             return status if alive and held and max(counts) - min(counts) <= 1 else None
 
-        return wait_until(balanced, timeout, "a balanced partition table")
+        try:
+            return wait_until(balanced, timeout, "a balanced partition table")
+        except ClusterError as e:
+            raise ClusterError(f"{e}; nodes (id, status, partitions): {seen}") from None
 
     def wait_replicated(self, timeout: float = START_TIMEOUT) -> dict:
         """Wait until the table is balanced and every partition has its backups (as many as the live nodes allow), all in sync."""

@@ -73,8 +73,8 @@ class Link:
 
 
 def test_a_node_cut_off_from_the_coordinator_stops_serving_before_its_partitions_live_elsewhere(tmp_path):
-    with LocalCluster(nodes=2, partitions=6, root=str(tmp_path), checkpoints=f"file://{tmp_path}/chk", heartbeat_timeout=1.0,
-                      backup_count=0) as cluster:
+    with LocalCluster(nodes=2, partitions=6, root=str(tmp_path), checkpoints=f"file://{tmp_path}/chk", heartbeat_timeout=2.0,
+                      backup_count=0) as cluster:  # 2 s: at 1 s a loaded machine's stalls were taken for deaths
         link = Link(cluster.address)
         try:
             cut_off = cluster.add_node(coordinator=link.address)
