@@ -291,7 +291,13 @@ class Workload:
     def wait_ops(self, n: int, timeout: float = 30.0) -> None:
         """Wait until every thread has completed ``n`` more operations."""
         target = [d + n for d in self.done]
-        wait_until(lambda: self.errors or all(d >= t for d, t in zip(self.done, target)), timeout, f"{n} operations per thread")
+        try:
+            wait_until(lambda: self.errors or all(d >= t for d, t in zip(self.done, target)), timeout, f"{n} operations per thread")
+        except RockstateError as e:  # say where the clients are stuck
+            status = self.cluster.status()
+            stuck = [r for r in status.get("replicas", []) if r.get("waiting_for_election") or r.get("primary") is None]
+            raise AssertionError(f"{e}: done {self.done} of {target}; partitions without a primary {stuck}; "
+                                 f"owners {status.get('owners')}; last events {status.get('events', [])[-12:]}") from e
         assert not self.errors, self.errors
 
     def __enter__(self) -> "Workload":
@@ -313,8 +319,9 @@ class Workload:
 
 
 def linearizable_cluster(tmp_path, backup_count: int = 1) -> LocalCluster:
+    # heartbeat 2 s: at 1 s a loaded machine's stalls were taken for deaths (each one a promotion and a re-copy)
     return LocalCluster(nodes=3, partitions=8, root=str(tmp_path / "cluster"),
-                        checkpoints=f"file://{tmp_path}/checkpoints", heartbeat_timeout=1.0, backup_count=backup_count)
+                        checkpoints=f"file://{tmp_path}/checkpoints", heartbeat_timeout=2.0, backup_count=backup_count)
 
 
 @pytest.mark.timeout(120)
