@@ -1,13 +1,8 @@
-"""Client histories, and a linearizability checker for a map of registers.
+"""A linearizability checker for a map of registers, over recorded client histories.
 
-Recording. Client threads tell a ``History`` when each operation starts
-(``invoke``) and how it ended, in Jepsen's words: ``ok`` (it happened; a read
-or compare-and-set says its result), ``fail`` (it certainly did not happen)
-or ``info`` (nobody knows: a reply was lost, so it may have taken effect at any
-time after its invocation, or never). A process has one operation open at a
-time; times come from one monotonic clock.
+Histories are recorded by ``rockstate.testing.recording`` (re-exported here).
 
-Checking. ``check_history`` decides whether the history is linearizable for a
+``check_history`` decides whether the history is linearizable for a
 map of independent registers with read, write and compare-and-set. A map of
 independent registers is linearizable exactly when each key's sub-history is
 (linearizability is local: Herlihy & Wing; porcupine's P-compositionality), so
@@ -36,136 +31,16 @@ checkpoint by the witness linearization) are reported in
 from __future__ import annotations
 
 import math
-import threading
-import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
-READ, WRITE, CAS = "read", "write", "cas"
+from rockstate.testing.recording import CAS, READ, UNKNOWN, WRITE, Event, History, Operation, frozen
+
+__all__ = ["CAS", "READ", "UNKNOWN", "WRITE", "Event", "History", "Operation", "Restore", "Violation",
+           "DocumentedLoss", "Report", "check_operations", "check_history"]
+
 _CHECKPOINT, _DIE, _RESTORE = "checkpoint", "die", "restore"  # the failover's own steps (see Restore)
 MAX_STEPS = 5_000_000
-
-
-class _Unknown:
-    def __repr__(self) -> str:
-        return "UNKNOWN"
-
-
-UNKNOWN: Any = _Unknown()  # the output of an operation whose outcome is unknown
-
-
-def _frozen(value: Any) -> Any:
-    """A hashable stand-in for a value (lists and dicts, as msgpack decodes them, are not)."""
-    if isinstance(value, (list, tuple)):
-        return tuple(map(_frozen, value))
-    if isinstance(value, dict):
-        return frozenset((_frozen(k), _frozen(v)) for k, v in value.items())
-    return value
-
-
-@dataclass(frozen=True)
-class Event:
-    type: str  # invoke | ok | fail | info
-    op: int
-    process: Hashable
-    kind: str
-    key: Any
-    value: Any  # invoke: the input; ok: the output
-    time: float
-    error: str | None = None
-
-
-@dataclass(frozen=True)
-class Operation:
-    """One completed operation. ``value``: a write's value, a compare-and-set's (expected, new);
-    ``output``: what a read read, whether a compare-and-set applied (UNKNOWN for ``info``)."""
-
-    id: int
-    process: Hashable
-    kind: str
-    key: Any
-    value: Any
-    output: Any
-    call: float
-    ret: float  # math.inf when the outcome is unknown
-    status: str = "ok"  # ok | info
-
-    def __str__(self) -> str:
-        if self.kind == READ:
-            what = f"read -> {self.output!r}"
-        elif self.kind == WRITE:
-            what = f"write {self.value!r}"
-        elif self.kind == CAS:
-            what = f"cas {self.value[0]!r} -> {self.value[1]!r}: {self.output!r}"
-        else:
-            what = self.kind
-        return f"#{self.id} p{self.process} {self.key!r} {what} [{self.call:.4f}, {self.ret:.4f}] {self.status}"
-
-
-class History:
-    """A thread-safe record of invocations and completions."""
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.clock = clock
-        self._lock = threading.Lock()
-        self._events: list[Event] = []
-        self._open: dict[int, Event] = {}  # op -> its invocation
-        self._busy: dict[Hashable, int] = {}  # process -> its open op
-
-    def invoke(self, process: Hashable, kind: str, key: Any, value: Any = None) -> int:
-        """Record the start of an operation; returns its id, for ``ok``/``fail``/``info``."""
-        if kind not in (READ, WRITE, CAS):
-            raise ValueError(f"unknown operation kind {kind!r}")
-        with self._lock:
-            if process in self._busy:
-                raise ValueError(f"process {process!r} still has operation {self._busy[process]} open")
-            op = len(self._events)
-            event = Event("invoke", op, process, kind, key, value, self.clock())
-            self._events.append(event)
-            self._open[op] = event
-            self._busy[process] = op
-            return op
-
-    def ok(self, op: int, output: Any = None) -> None:
-        self._complete("ok", op, output, None)
-
-    def fail(self, op: int, error: object = None) -> None:
-        """The operation certainly did not take effect."""
-        self._complete("fail", op, None, error)
-
-    def info(self, op: int, error: object = None) -> None:
-        """The operation may or may not have taken effect."""
-        self._complete("info", op, None, error)
-
-    def _complete(self, type_: str, op: int, output: Any, error: object) -> None:
-        with self._lock:
-            start = self._open.pop(op)
-            del self._busy[start.process]
-            self._events.append(Event(type_, op, start.process, start.kind, start.key, output, self.clock(),
-                                      None if error is None else repr(error)))
-
-    @property
-    def events(self) -> list[Event]:
-        with self._lock:
-            return list(self._events)
-
-    def operations(self) -> list[Operation]:
-        """Completed operations; a failed one is left out, one still open counts as ``info``."""
-        ends: dict[int, Event] = {}
-        starts: list[Event] = []
-        for e in self.events:
-            (starts.append(e) if e.type == "invoke" else ends.__setitem__(e.op, e))
-        out = []
-        for s in starts:
-            end = ends.get(s.op)
-            if end is not None and end.type == "fail":
-                continue
-            known = end is not None and end.type == "ok"
-            value = tuple(map(_frozen, s.value)) if s.kind == CAS else _frozen(s.value)
-            output = _frozen(end.value) if known else UNKNOWN
-            out.append(Operation(s.op, s.process, s.kind, s.key, value, output, s.time,
-                                 end.time if known else math.inf, "ok" if known else "info"))
-        return out
 
 
 # -- the model -----------------------------------------------------------------------
@@ -305,7 +180,7 @@ class Restore:
         steps = []
         if self.checkpoint is not None:
             steps.append(Operation(first_id, "failover", _CHECKPOINT, key, index, None, *self.checkpoint))
-        restored = (True, _frozen(self.contents.get(key))) if self.contents is not None else (False, None)
+        restored = (True, frozen(self.contents.get(key))) if self.contents is not None else (False, None)
         steps.append(Operation(first_id + len(steps), "failover", _DIE, key, index, None, *self.died))
         steps.append(Operation(first_id + len(steps), "failover", _RESTORE, key, restored, None, self.died[0], self.restored))
         return steps
@@ -370,7 +245,7 @@ def check_operations(ops: Iterable[Operation], initial: Any = None, restores: It
     for index, r in enumerate(restores):
         ops.extend(r.operations(key, len(ops), index))
     ops = [op if op.id == i else _renumbered(op, i) for i, op in enumerate(ops)]  # ids index the bit set
-    return _search(ops, (_frozen(initial), _frozen(initial), True), max_steps)
+    return _search(ops, (frozen(initial), frozen(initial), True), max_steps)
 
 
 def _renumbered(op: Operation, i: int) -> Operation:
@@ -421,7 +296,7 @@ def _losses(key: Any, order: list[Operation], failovers: list[Restore], original
             restore = failovers[op.value]
             window = windows.pop(op.value, None)
             if window is None:  # contents only: the writes after the last one of the value that came back
-                window = _since_value(order[:at], _frozen((restore.contents or {}).get(key)))
+                window = _since_value(order[:at], frozen((restore.contents or {}).get(key)))
             # one still in flight when the owner died may as well have come after the restore: not counted
             lost = [originals[o.id] for o in window if o.status == "ok" and o.ret <= restore.died[1]
                     and (o.kind == WRITE or (o.kind == CAS and o.output is True))]
