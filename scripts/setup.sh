@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything `make` needs on a fresh machine: Java (for Spark), Chromium and its driver
-# (the status page's browser test), ZooKeeper (the control plane's store in tests), a venv, the package.
+# (the status page's browser test), ZooKeeper (the control plane's store in tests), iproute2 and iptables (the
+# network-partition tests), a venv, the package.
 set -euo pipefail
 VENV=${VENV:-.venv}
 need_apt=()
@@ -8,6 +9,8 @@ command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
 [ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)  # run as a plain process by rockstate.testing.zookeeper
+command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)  # network namespaces: rockstate.testing.netns
+command -v iptables >/dev/null 2>&1 || need_apt+=(iptables)  # ...and the links it cuts
 for pkg in "$@"; do command -v "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg"); done
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo

@@ -75,12 +75,18 @@ class LocalCluster:
         zookeeper: bool | str = False,
         zookeeper_session_timeout: float = 1.5,
         backup_count: int | None = None,
+        hosts: Callable[[str], tuple[str, list[str]]] | None = None,
     ) -> None:
         """``secret``: a shared secret every connection must prove; ``tls``: {"cert", "key", "ca"} PEM
         files used by every process (and ``ca`` by clients from ``connect()``). ``zookeeper``: True starts a
-        ZooKeeper server for the cluster, a "host:port,..." string uses that one; ``coordinators`` > 1 needs it."""
+        ZooKeeper server for the cluster, a "host:port,..." string uses that one; ``coordinators`` > 1 needs it.
+        ``hosts``: where each process runs, by name ("coordinator", "node0", ...): the address it listens on and
+        the command prefix that starts it there (``ip netns exec <namespace>``: ``rockstate.testing.netns``)."""
         if coordinators > 1 and not zookeeper:
             raise ConfigError(f"{coordinators} coordinators need ZooKeeper to elect their leader: pass zookeeper=True")
+        if hosts is not None and not processes:
+            raise ConfigError("hosts place processes: pass processes=True")
+        self.hosts = hosts or (lambda name: ("127.0.0.1", []))
         self.coordinator_count = coordinators
         self.zookeeper: str | None = zookeeper if isinstance(zookeeper, str) else None
         self.zookeeper_server = None
@@ -93,7 +99,7 @@ class LocalCluster:
         self.heartbeat_timeout = heartbeat_timeout
         self.node_memory_bytes = node_memory_bytes
         self.processes = processes
-        self._runner = _ProcessRunner(self.root) if processes else _ThreadRunner()
+        self._runner = _ProcessRunner(self.root, self.hosts) if processes else _ThreadRunner()
         self.secret = secret
         self.checkpoints, self.checkpoint_interval = checkpoints, checkpoint_interval
         self.coordinator_settings = dict(coordinator_settings or {})  # more CoordinatorConfig fields
@@ -117,7 +123,7 @@ class LocalCluster:
     def _coordinator_config(self, port: int, index: int = 0) -> CoordinatorConfig:
         ha = {"zookeeper": self.zookeeper, "zookeeper_session_timeout": self.zookeeper_session_timeout} if self.zookeeper else {}
         return CoordinatorConfig(
-            host="127.0.0.1", port=port, data_dir=os.path.join(self.root, f"coordinator{index or ''}"),
+            host=self.hosts(f"coordinator{index or ''}")[0], port=port, data_dir=os.path.join(self.root, f"coordinator{index or ''}"),
             partitions=self.partitions, heartbeat_timeout=self.heartbeat_timeout, security=self.security,
             checkpoints=self.checkpoints, checkpoint_interval=self.checkpoint_interval,
             **{"http_port": 0, **ha, **self.coordinator_settings},
@@ -249,7 +255,7 @@ class LocalCluster:
 
     def _start_node(self, data_dir: str, coordinator: str | None = None) -> NodeInfo:
         config = NodeConfig(
-            coordinator=coordinator or self.address, host="127.0.0.1", port=0, data_dir=data_dir,
+            coordinator=coordinator or self.address, host=self.hosts(os.path.basename(data_dir))[0], port=0, data_dir=data_dir,
             memory_bytes=self.node_memory_bytes, heartbeat_interval=min(0.5, self.heartbeat_timeout / 5),
             security=self.security, zone=self._zones.get(data_dir),
         )
@@ -280,8 +286,8 @@ class LocalCluster:
 
 
 class _ProcessRunner:
-    def __init__(self, root: str) -> None:
-        self.root = root
+    def __init__(self, root: str, hosts: Callable[[str], tuple[str, list[str]]]) -> None:
+        self.root, self.hosts = root, hosts
         self.logs = os.path.join(root, "logs")
         os.makedirs(self.logs, exist_ok=True)
         self.coordinators: dict[int, subprocess.Popen] = {}
@@ -294,11 +300,13 @@ class _ProcessRunner:
         return [arg for name, value in flat_values(config).items() if value != defaults[name]
                 for arg in (f"--{name.replace('_', '-')}", str(value))]
 
-    def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen:
-        log = open(os.path.join(self.logs, log_name), "ab")
+    def _spawn(self, args: list[str], name: str) -> subprocess.Popen:
+        """``name``'s process (its log: ``name``.log); the host's prefix execs it, so its PID is the process's."""
+        log = open(os.path.join(self.logs, f"{name}.log"), "ab")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         try:
-            return subprocess.Popen([sys.executable, "-m", "rockstate.cli", *args], stdout=log, stderr=subprocess.STDOUT, env=env)
+            return subprocess.Popen([*self.hosts(name)[1], sys.executable, "-m", "rockstate.cli", *args], stdout=log,
+                                    stderr=subprocess.STDOUT, env=env)
         finally:
             log.close()
 
@@ -314,11 +322,11 @@ class _ProcessRunner:
         return wait_until(ready, START_TIMEOUT, f"{what} to start")
 
     def start_coordinator(self, config: CoordinatorConfig, index: int = 0) -> str:
-        proc = self.coordinators[index] = self._spawn(["coordinator", *self._flags(config)], f"coordinator{index or ''}.log")
+        proc = self.coordinators[index] = self._spawn(["coordinator", *self._flags(config)], f"coordinator{index or ''}")
         return self._address_of(proc, config.data_dir, "the coordinator")["address"]
 
     def start_node(self, config: NodeConfig) -> NodeInfo:
-        proc = self._spawn(["node", *self._flags(config)], f"{os.path.basename(config.data_dir)}.log")
+        proc = self._spawn(["node", *self._flags(config)], os.path.basename(config.data_dir))
         try:
             found = self._address_of(proc, config.data_dir, f"node in {config.data_dir}")
         except BaseException:

@@ -234,18 +234,26 @@ def keys_for(rs, per_partition: int = 1) -> list[int]:
 
 class Workload:
     """Client threads, each with its own connection, doing random reads, writes and compare-and-sets on
-    a few keys and recording every one in ``history``. Written values are unique."""
+    a few keys and recording every one in ``history``. Written values are unique.
 
-    def __init__(self, cluster, history: History, keys: list, threads: int = 6, seed: int = 0) -> None:
+    Several workloads may share a history: ``first`` numbers this one's processes after another's.
+    ``enter``: called first in each client thread (to move it into a network namespace, say)."""
+
+    def __init__(self, cluster, history: History, keys: list, threads: int = 6, seed: int = 0, first: int = 0,
+                 enter=None) -> None:
         self.cluster, self.history, self.keys = cluster, history, keys
+        self.first, self.enter = first, enter
         self.done = [0] * threads
         self.errors: list[BaseException] = []
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(p, random.Random(seed * 100 + p)), daemon=True)
+        self._threads = [threading.Thread(target=self._run, args=(p, random.Random(seed * 100 + first + p)), daemon=True)
                          for p in range(threads)]
 
-    def _run(self, process: int, rnd: random.Random) -> None:
+    def _run(self, index: int, rnd: random.Random) -> None:
         try:
+            if self.enter is not None:
+                self.enter()
+            process = self.first + index
             with self.cluster.connect(retry_timeout=10.0, timeout=10.0) as rs:
                 state = rs.value_state("register")
                 seen: dict = {}
@@ -253,7 +261,7 @@ class Workload:
                 while not self._stop.is_set():
                     serial += 1
                     self._one(process, rnd, state, seen, process * 1_000_000 + serial)
-                    self.done[process] += 1
+                    self.done[index] += 1
         except BaseException as e:  # noqa: BLE001 -- reported by check()
             self.errors.append(e)
 

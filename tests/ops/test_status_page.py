@@ -88,3 +88,51 @@ def test_page_and_api_are_behind_the_secret(tmp_path):
             urllib.request.urlopen(wrong)
         given = urllib.request.Request(url, headers={"Authorization": "Bearer s3cret"})
         assert json.load(urllib.request.urlopen(given))["partitions"] == 4
+
+
+def shown_replicas(driver) -> list:
+    """(partition, primary, [(backup, in sync)], waiting for election) per row of the replicas table."""
+    return driver.execute_script("""return [...document.querySelectorAll('#replicas tbody tr')].map(r => [
+        +r.dataset.partition, r.querySelector('td.primary').firstChild.textContent,
+        [...r.querySelectorAll('span.backup')].map(b => [b.dataset.node, b.classList.contains('in-sync')]),
+        !!r.querySelector('.electing')])""")
+
+
+def api_replicas(cluster) -> list:
+    return [[r["partition"], r["primary"] or "—", [[b["node"], b["in_sync"]] for b in r["backups"]], r["waiting_for_election"]]
+            for r in json.load(urllib.request.urlopen(cluster.status_url + "api/status"))["replicas"]]
+
+
+@needs_chromium
+def test_page_shows_each_partitions_primary_and_backups_through_a_failover(browser, tmp_path):
+    with LocalCluster(nodes=3, partitions=6, root=str(tmp_path / "cluster"), processes=False, heartbeat_timeout=2.0) as cluster:
+        browser.get(cluster.status_url)
+        before = api_replicas(cluster)
+        assert len(before) == 6 and all(len(backups) == 1 and backups[0][1] for _, _, backups, _ in before), before
+        wait_until(lambda: shown_replicas(browser) == before, 15, f"the page to show the replicas {before}")
+        summary = "return document.getElementById('replica-summary').textContent"
+        assert "every backup in sync" in browser.execute_script(summary)
+
+        victim = before[0][1]
+        cluster.kill_node(victim)
+        cluster.wait_replicated()  # its partitions promoted on their backups, new backups caught up
+        seen: list = []
+
+        def mirrored():
+            seen[:] = [api_replicas(cluster), shown_replicas(browser)]
+            return seen[0] == seen[1] and victim not in json.dumps(seen[0])
+
+        wait_until(mirrored, 15, "the page to show the replicas after the failover")
+
+        # the states a healthy cluster does not stay in long enough to be seen: the page's own drawing of them
+        shown = browser.execute_script("""replicas(arguments[0]);
+            return [document.getElementById('replica-summary').textContent, document.querySelector('#replicas tbody').textContent,
+                    document.querySelectorAll('#replicas tr.short').length]""", {
+            "backup_count": 1, "replication": "sync", "replicas": [
+                {"partition": 0, "primary": "node-1", "epoch": 4, "waiting_for_election": False,
+                 "backups": [{"node": "node-2", "in_sync": False}]},
+                {"partition": 1, "primary": None, "epoch": 7, "waiting_for_election": True, "backups": []},
+                {"partition": 2, "primary": "node-2", "epoch": 1, "waiting_for_election": False,
+                 "backups": [{"node": "node-1", "in_sync": True}]}]})
+        assert "2 partitions short of in-sync backups" in shown[0], shown
+        assert "node-2 (catching up)" in shown[1] and "waiting for election" in shown[1] and shown[2] == 2, shown

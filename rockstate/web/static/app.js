@@ -68,6 +68,25 @@ function partitionMap(s) {
   document.getElementById("moves").replaceChildren(lines.length ? `In flight: ${lines.join("; ")}` : "No moves or failovers in flight.");
 }
 
+// Each partition's primary and backups; a backup not in sync is marked, as `rockstate status` does.
+function replicas(s) {
+  const list = s.replicas || [];
+  const short = list.filter((r) => r.waiting_for_election || r.backups.length < s.backup_count || r.backups.some((b) => !b.in_sync));
+  const out = document.getElementById("replica-summary");
+  if (!s.backup_count) out.replaceChildren("No backups: backup_count is 0 (a node death restores its partitions from the latest checkpoint).");
+  else if (short.length) out.replaceChildren(`${s.backup_count} backup(s) per partition, ${s.replication} replication · `,
+    el("span", { class: "warn" }, `${short.length} partitions short of in-sync backups`));
+  else out.replaceChildren(`${s.backup_count} backup(s) per partition, ${s.replication} replication · every backup in sync`);
+  document.getElementById("replicas").style.display = list.length ? "" : "none";
+  rows("replicas", list, (r) => el("tr", { "data-partition": r.partition, class: short.includes(r) ? "short" : "" },
+    el("td", {}, String(r.partition)),
+    el("td", { class: "primary" }, r.primary ?? "—", r.waiting_for_election ? el("span", { class: "warn electing" }, " waiting for election") : ""),
+    el("td", { class: "backups" }, ...(r.backups.length ? r.backups.flatMap((b, i) => [i ? ", " : "",
+      el("span", { class: b.in_sync ? "backup in-sync" : "backup catching-up", "data-node": b.node },
+        b.in_sync ? b.node : `${b.node} (catching up)`)]) : ["—"])),
+    el("td", {}, String(r.epoch))));
+}
+
 // A chart of bars (durations, left axis) and a line (sizes, right axis), drawn in SVG by hand.
 function chart(svg, points, label) {
   const W = +svg.getAttribute("width"), H = +svg.getAttribute("height"), pad = 36;
@@ -146,7 +165,7 @@ async function refresh() {
     }
     if (!response.ok) throw new Error(`${response.status} ${await response.text()}`);
     const s = await response.json();
-    summary(s); nodes(s); partitionMap(s); checkpoints(s); pipelines(s); events(s);
+    summary(s); nodes(s); partitionMap(s); replicas(s); checkpoints(s); pipelines(s); events(s);
     document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
     document.body.dataset.epoch = s.epoch;
   } catch (err) {
