@@ -305,7 +305,7 @@ class Coordinator(ClusterAnswers, Leading):
         """Move partitions until the table is balanced over the live nodes; returns how many moved."""
         await self._resumed.wait()
         async with self.table_lock:
-            if not self.membership.alive():
+            if len(self.membership.alive()) < (self.config.initial_cluster_size if self._forming() else 1):
                 return 0
             planned = placement.rebalance(self.table.owners, self.membership.statuses())
             limit = asyncio.Semaphore(self.config.max_concurrent_migrations)
@@ -322,6 +322,10 @@ class Coordinator(ClusterAnswers, Leading):
                 self.event("cluster_restored", checkpoint=chk, reason="new cluster on a storage with checkpoints")
             self._spawn(self.replicas.ensure())
             return len(planned)
+
+    def _forming(self) -> bool:
+        """A new cluster: no partition was ever assigned."""
+        return all(owner is None for owner in self.table.owners)
 
     async def _failover(self, dead: str) -> None:
         """Give a dead node's partitions to the live nodes, restored from the latest completed checkpoint.

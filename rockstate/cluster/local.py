@@ -102,7 +102,8 @@ class LocalCluster:
         self._runner = _ProcessRunner(self.root, self.hosts) if processes else _ThreadRunner()
         self.secret = secret
         self.checkpoints, self.checkpoint_interval = checkpoints, checkpoint_interval
-        self.coordinator_settings = dict(coordinator_settings or {})  # more CoordinatorConfig fields
+        # more CoordinatorConfig fields; the first nodes get their partitions once all have joined
+        self.coordinator_settings = {"initial_cluster_size": max(nodes, 1), **(coordinator_settings or {})}
         if backup_count is not None:  # None: the coordinator's default
             self.coordinator_settings["backup_count"] = backup_count
         secret_file = None
@@ -139,8 +140,7 @@ class LocalCluster:
             self.coordinator_addresses = [self._runner.start_coordinator(self._coordinator_config(0, i), i)
                                           for i in range(self.coordinator_count)]
             self.address = ",".join(self.coordinator_addresses)
-            for _ in range(self._initial_nodes):
-                self.add_node(wait=False)
+            self._start_nodes([self._new_data_dir(None) for _ in range(self._initial_nodes)])
             self.wait_replicated()
         except BaseException:
             self.close()
@@ -245,23 +245,28 @@ class LocalCluster:
     def add_node(self, wait: bool = True, coordinator: str | None = None, zone: str | None = None) -> NodeInfo:
         """``coordinator``: the address the node reaches the coordinator at, if not its own (a proxy, in tests);
         ``zone``: its failure domain (``--zone``)."""
-        data_dir = os.path.join(self.root, f"node{self._next_dir}")
-        self._next_dir += 1
-        self._zones[data_dir] = zone
-        info = self._start_node(data_dir, coordinator)
+        [info] = self._start_nodes([self._new_data_dir(zone)], coordinator)
         if wait:
             self.wait_balanced()
         return info
 
-    def _start_node(self, data_dir: str, coordinator: str | None = None) -> NodeInfo:
-        config = NodeConfig(
+    def _new_data_dir(self, zone: str | None) -> str:
+        data_dir = os.path.join(self.root, f"node{self._next_dir}")
+        self._next_dir += 1
+        self._zones[data_dir] = zone
+        return data_dir
+
+    def _start_nodes(self, data_dirs: list[str], coordinator: str | None = None) -> list[NodeInfo]:
+        """Start a node on each data directory, all at once (a process takes about a second to import)."""
+        configs = [NodeConfig(
             coordinator=coordinator or self.address, host=self.hosts(os.path.basename(data_dir))[0], port=0, data_dir=data_dir,
             memory_bytes=self.node_memory_bytes, heartbeat_interval=min(0.5, self.heartbeat_timeout / 5),
             security=self.security, zone=self._zones.get(data_dir),
-        )
-        info = self._runner.start_node(config)
-        self._node_dirs[info.node_id] = data_dir
-        return info
+        ) for data_dir in data_dirs]
+        infos = self._runner.start_nodes(configs)
+        for info, data_dir in zip(infos, data_dirs):
+            self._node_dirs[info.node_id] = data_dir
+        return infos
 
     def nodes(self) -> list[NodeInfo]:
         return self._runner.running()
@@ -282,7 +287,8 @@ class LocalCluster:
 
     def restart_node(self, node_id: str) -> NodeInfo:
         """Start a stopped or killed node again, with its data directory and id."""
-        return self._start_node(self._node_dirs[node_id])
+        [info] = self._start_nodes([self._node_dirs[node_id]])
+        return info
 
 
 class _ProcessRunner:
@@ -325,16 +331,20 @@ class _ProcessRunner:
         proc = self.coordinators[index] = self._spawn(["coordinator", *self._flags(config)], f"coordinator{index or ''}")
         return self._address_of(proc, config.data_dir, "the coordinator")["address"]
 
-    def start_node(self, config: NodeConfig) -> NodeInfo:
-        proc = self._spawn(["node", *self._flags(config)], os.path.basename(config.data_dir))
+    def start_nodes(self, configs: list[NodeConfig]) -> list[NodeInfo]:
+        procs = [self._spawn(["node", *self._flags(c)], os.path.basename(c.data_dir)) for c in configs]
+        infos = []
         try:
-            found = self._address_of(proc, config.data_dir, f"node in {config.data_dir}")
+            for proc, config in zip(procs, configs):
+                found = self._address_of(proc, config.data_dir, f"node in {config.data_dir}")
+                infos.append(NodeInfo(found["node_id"], found["address"], proc.pid, config.data_dir))
         except BaseException:
-            _kill(proc)
+            for proc in procs:
+                _kill(proc)
             raise
-        info = NodeInfo(found["node_id"], found["address"], proc.pid, config.data_dir)
-        self.procs[info.node_id] = (proc, info)
-        return info
+        for proc, info in zip(procs, infos):
+            self.procs[info.node_id] = (proc, info)
+        return infos
 
     def running(self) -> list[NodeInfo]:
         return [info for proc, info in self.procs.values() if proc.poll() is None]
@@ -397,15 +407,18 @@ class _ThreadRunner:
 
         return self._run(start())
 
-    def start_node(self, config: NodeConfig) -> NodeInfo:
-        async def start():
+    def start_nodes(self, configs: list[NodeConfig]) -> list[NodeInfo]:
+        async def start(config):
             node = Node(config)
             await node.start()
             return node
 
-        node = self._run(start())
-        self.nodes[node.node_id] = node
-        return NodeInfo(node.node_id, node.address, os.getpid(), node.data_dir)
+        infos = []
+        for config in configs:  # one loop: in turn (they would not start faster together)
+            node = self._run(start(config))
+            self.nodes[node.node_id] = node
+            infos.append(NodeInfo(node.node_id, node.address, os.getpid(), node.data_dir))
+        return infos
 
     def running(self) -> list[NodeInfo]:
         return [NodeInfo(n.node_id, n.address, os.getpid(), n.data_dir) for n in self.nodes.values()]

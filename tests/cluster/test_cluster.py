@@ -210,7 +210,7 @@ def test_node_metrics_are_exposed_for_prometheus(tmp_path):
 
     with LocalCluster(nodes=1, partitions=4, root=str(tmp_path), processes=False) as cluster:
         runner: _ThreadRunner = cluster._runner
-        info = runner.start_node(NodeConfig(coordinator=cluster.address, data_dir=str(tmp_path / "m"), metrics_port=0))
+        [info] = runner.start_nodes([NodeConfig(coordinator=cluster.address, data_dir=str(tmp_path / "m"), metrics_port=0)])
         node = runner.nodes[info.node_id]
         cluster.wait_balanced()
         with cluster.connect() as rs:
