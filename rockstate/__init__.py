@@ -3,13 +3,7 @@
 __version__ = "0.1.0"  # the package's version (pyproject.toml reads it from here)
 
 from . import errors
-from .api import Rockstate
-from .cluster.client import connect
-from .codecs import register_codec
-from .embedded import open
 from .errors import RockstateError
-from .keys import partition_of, partitions_of
-from .states import ListState, MapState, ValueState
 
 __all__ = [
     "__version__",
@@ -28,11 +22,25 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    # LocalCluster brings the coordinator, its web server and aiohttp: imported when asked for, so a Spark
-    # worker that only connects does not pay for them at start-up (a quarter of its task time in a profile)
-    if name == "LocalCluster":
-        from .cluster.local import LocalCluster
+# Everything else is imported when first asked for: a node or coordinator process, or a Spark worker that
+# only connects, does not pay at start-up for what it never uses (numpy and pyarrow for column keys; the
+# coordinator, its web server and aiohttp for LocalCluster: a quarter of a Spark task's time in a profile).
+_LAZY = {
+    "connect": "cluster.client", "LocalCluster": "cluster.local", "open": "embedded", "partition_of": "keys",
+    "partitions_of": "keys", "register_codec": "codecs", "ListState": "states", "MapState": "states",
+    "Rockstate": "api", "ValueState": "states",
+}
 
-        return LocalCluster
-    raise AttributeError(f"module 'rockstate' has no attribute {name!r}")
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'rockstate' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
