@@ -27,7 +27,7 @@ from ..control import placement
 from ..control.leadership import CoordinatorRole
 from ..control.membership import Membership, MemberStatus
 from ..control.migration import Migration
-from ..errors import CheckpointsNotConfiguredError, RockstateError
+from ..errors import CheckpointsNotConfiguredError, PartitionUnavailableError, RockstateError
 from ..files import write_json
 from ..retry import Retry
 from ..rpc.server import Server
@@ -64,6 +64,7 @@ class _NotYet(Exception):
 
 
 FAILOVER_RETRY = Retry(deadline=None, initial=0.2, maximum=5.0, retry_on=lambda e: isinstance(e, _NotYet))  # until it is done
+LEAVE_ROUNDS = 3  # rebalances a graceful leave runs until the leaving node holds no primary
 
 
 class Coordinator(ClusterAnswers, Leading):
@@ -223,14 +224,24 @@ class Coordinator(ClusterAnswers, Leading):
         while True:
             await asyncio.sleep(min(0.25, self.config.heartbeat_timeout / 4))
             for m in self.membership.expire(time.monotonic()):
-                self.event("member_dead", node=m.node_id, address=m.address)
-                if self.checkpoints is not None:
-                    self.failovers.add(m.node_id)
-                await self._save()
-                self._spawn(self._dead(m.node_id))
+                await self._declare_dead(m.node_id)
             if time.monotonic() - last_ensure > 1.0:
                 last_ensure = time.monotonic()
                 self._spawn(self.replicas.ensure())  # backups added, dropped, caught up anew
+
+    async def _declare_dead(self, node_id: str, **why) -> None:
+        self.event("member_dead", node=node_id, address=self.membership[node_id].address, **why)
+        if self.checkpoints is not None:
+            self.failovers.add(node_id)
+        await self._save()
+        self._spawn(self._dead(node_id))
+
+    async def restore_lost(self, dead: str) -> None:
+        """A dead node's partitions whose election found no candidate: restored from the checkpoint, as without backups."""
+        if self.checkpoints is not None and self.membership.statuses().get(dead) is MemberStatus.DEAD:
+            self.failovers.add(dead)
+            await self._save()
+            self._spawn(self._failover(dead))
 
     async def _dead(self, node_id: str) -> None:
         """A dead node: its backups promoted where it was primary; then what has no replica left is restored."""
@@ -288,13 +299,28 @@ class Coordinator(ClusterAnswers, Leading):
             self.event("member_stopped", node=msg.node_id, reason="last node; partitions stay on its disk")
             await self._save()
             return {"moved": 0}
-        moved = await self._rebalance()
+        moved = 0
+        try:
+            for _ in range(LEAVE_ROUNDS):  # a partition promoted to it meanwhile (a backup of a dead primary) moves too
+                moved += await self._rebalance()
+                if not self._holds_primaries(msg.node_id):
+                    break
+            else:
+                raise PartitionUnavailableError(f"{msg.node_id} was still given partitions after {LEAVE_ROUNDS} rounds of moves")
+        except (RockstateError, OSError) as e:
+            # it exits all the same: what did not move goes to its backups or the checkpoint, as for a death
+            self.membership.leave_failed(msg.node_id)
+            await self._declare_dead(msg.node_id, reason=f"its partitions could not all move off it: {e}")
+            raise
         self.membership.left(msg.node_id)
         self.event("member_left", node=msg.node_id)
         await self._save()
         # its backup copies go with it: left in an in-sync set, primaries would wait for it and a promotion would ask it
         await self.replicas.members_dead([msg.node_id])
         return {"moved": moved}
+
+    def _holds_primaries(self, node_id: str) -> bool:
+        return node_id in self.table.owners or (self.replicas.enabled and node_id in self.replicas.owners())
 
     # -- the table -----------------------------------------------------------
 

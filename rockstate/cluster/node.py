@@ -89,6 +89,7 @@ class Node:
                              inline=(p.Read, p.Write, p.Scan), ssl=self.security.server_ssl, secret=self.security.secret)
         self.coordinator = AsyncCoordinatorChannel(config.coordinator, lambda address: self._peer(address, timeout=30.0))
         self._heartbeat: asyncio.Task | None = None
+        self._leaving = False
         self._table_lock = asyncio.Lock()
         self.stopped = asyncio.Event()
 
@@ -167,6 +168,7 @@ class Node:
     async def leave(self) -> None:
         """Hand every partition to the other nodes, then stop."""
         log.info("node %s leaving: handing its %d partitions to the others", self.node_id, len(self.owned))
+        self._leaving = True
         try:
             await self.coordinator.call(p.Leave(node_id=self.node_id), timeout=600.0)
         except RockstateError as e:
@@ -202,7 +204,9 @@ class Node:
                     await self._apply(Table.from_wire(await self.coordinator.call(p.GetTable())))
                 self.gate.ownership.renewed(sent)  # renewed only with the table the coordinator has now
                 failed = 0
-            except UnknownNodeError:  # it forgot us (we had left): join again
+            except UnknownNodeError:  # it forgot us (we had left): join again, unless we are leaving
+                if self._leaving:
+                    return  # the coordinator has let us go: joining again would hand us partitions as we exit
                 await self._register()
             except RockstateError as e:
                 failed += 1

@@ -17,9 +17,11 @@
   the primary acknowledges anything without the backup.
 - ``members_dead``: a dead node leaves every replica set; a partition whose
   primary died gets its most advanced in-sync backup as primary (event
-  ``primary_promoted``), asked until one answers; with none left it waits for
-  the checkpoint restore (``pending`` tells the failover which partitions are
-  still being promoted: they are not restored).
+  ``primary_promoted``), asked until one that holds a copy answers; with none
+  left, or none answering within ``ELECTION_TIMEOUT``, the event
+  ``promotion_failed`` names why and the partition goes to the checkpoint
+  restore (``pending`` tells the failover which partitions are still being
+  promoted: they are not restored).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..control import replica_placement
-from ..control.in_sync import AskPositions, CatchUp, InSyncSets, Promoted, Publish
+from ..control.in_sync import AskPositions, CatchUp, InSyncSets, Promoted, Publish, RestoreFromCheckpoint
 from ..control.membership import MemberStatus
 from ..errors import RockstateError
 from . import protocol as p
@@ -56,7 +58,6 @@ class ReplicaControl:
         else:
             self.sets = InSyncSets(self.backup_count, [[o] if o else [] for o in coordinator.table.owners])
         self.zones: dict[str, str] = saved.get("zones", {})
-        self._catching_up: set[tuple[int, str]] = set()
         self._out_of_sync: dict[tuple[int, str], float] = {}  # since when, as this coordinator saw it
         self._limit: asyncio.Semaphore | None = None
 
@@ -111,11 +112,8 @@ class ReplicaControl:
         await asyncio.gather(*(self._elect(a) for a in actions if isinstance(a, AskPositions)))
 
     def _spawn_catch_up(self, a: CatchUp) -> None:
-        key = (a.partition, a.node)
-        if key in self._catching_up or self.c.membership.members.get(a.node) is None:
-            return
-        self._catching_up.add(key)
-        self.c._spawn(self._catch_up(a))
+        if self.c.membership.members.get(a.node) is not None and self.sets.copy_started(a.partition, a.node):
+            self.c._spawn(self._catch_up(a))
 
     async def _catch_up(self, a: CatchUp) -> None:
         c = self.c
@@ -124,7 +122,7 @@ class ReplicaControl:
         try:
             async with self._limit:
                 s = self.sets[a.partition]
-                if a.node not in s.backups or s.primary is None or a.node in s.in_sync:
+                if a.node not in s.backups or s.primary is None:
                     return
                 started = time.monotonic()
                 copied = await c.peer(a.node).rpc(c.security).call(p.ReplicaCatchUp(
@@ -134,28 +132,31 @@ class ReplicaControl:
         except (RockstateError, OSError, KeyError) as e:
             log.warning("backup %s of partition %d could not catch up: %s", a.node, a.partition, e)
         finally:
-            self._catching_up.discard((a.partition, a.node))
+            self.sets.copy_finished(a.partition, a.node)
             self._out_of_sync[a.partition, a.node] = time.monotonic()  # the next try, if needed, after STUCK timeouts
 
     async def _elect(self, a: AskPositions) -> None:
         """Ask the in-sync backups of a partition whose primary died how far they are; promote the most advanced."""
         c = self.c
-        async def ask(node: str) -> tuple[str, int | None]:
+        async def ask(node: str) -> dict:
             try:
                 answer = await c.peer(node).rpc(c.security).call(
                     p.ReplicaPositions(partitions=[a.partition]), timeout=max(2.0, 2 * self.timeout))
-                return node, answer.get(a.partition, answer.get(str(a.partition)))
+                return {node: answer.get(a.partition, answer.get(str(a.partition)))}  # None: it holds no copy
             except (RockstateError, OSError, KeyError):
-                return node, None
+                return {}  # no answer
 
-        answers = dict(await asyncio.gather(*(ask(n) for n in a.nodes)))
-        actions = self.sets.positions(a.partition, {n: seq for n, seq in answers.items() if seq is not None})
+        answers = {n: seq for answer in await asyncio.gather(*(ask(n) for n in a.nodes)) for n, seq in answer.items()}
+        actions = self.sets.positions(a.partition, answers, time.monotonic())
+        if actions:
+            await self.publish()
         for act in actions:
             if isinstance(act, Promoted):
                 c.event("primary_promoted", partition=act.partition, node=act.primary, previous=act.previous,
                         epoch=act.epoch, position=answers[act.primary])
-        if actions:
-            await self.publish()
+            elif isinstance(act, RestoreFromCheckpoint):
+                c.event("promotion_failed", partition=act.partition, previous=act.lost, reason=act.reason)
+                await c.restore_lost(act.lost)
 
     # -- events ------------------------------------------------------------------
 
@@ -221,7 +222,7 @@ class ReplicaControl:
         now = time.monotonic()
         for pid, s in enumerate(self.sets.sets):
             for b in s.backups:
-                if b in s.in_sync or (pid, b) in self._catching_up or statuses.get(b) is not MemberStatus.ALIVE:
+                if b in s.in_sync or (pid, b) in self.sets.copying or statuses.get(b) is not MemberStatus.ALIVE:
                     continue
                 if now - self._out_of_sync.setdefault((pid, b), now) > STUCK * self.timeout:
                     actions.append(CatchUp(pid, b, s.primary))

@@ -10,8 +10,19 @@ batches of an older epoch, so a deposed primary cannot write through them.
 States of one backup::
 
     add_backup() ──▶ CATCHING_UP ── caught_up() ──▶ IN_SYNC ── unreachable() ──▶ CATCHING_UP
+                         │  ▲                         │
+            copy_started()│  │copy_finished()          │
+                         ▼  │                         │
+                       COPYING (caught_up() refused)  │
                          │                            │
                          └────── drop() / members_dead() ─────▶ gone
+
+States of a partition whose primary died::
+
+    members_dead() ──▶ ELECTING ── positions(): an in-sync backup answered ──▶ promoted (a primary again)
+                         │   └──── returned(): the dead primary is back ─────▶ its primary again
+                         └── no candidate left, or none answered within election_timeout
+                               ──▶ RESTORING (RestoreFromCheckpoint) ── restored() ──▶ a primary again
 
 Transitions (stale reports, for an older epoch or a member no longer in
 that state, change nothing and answer no action):
@@ -19,10 +30,17 @@ that state, change nothing and answer no action):
 - ``add_backup(pid, node)``: a new replica (a planned ADD: a new or
   returning member) is CATCHING_UP; ``CatchUp`` tells the primary to send
   it a hard-link snapshot and then the write delta.
+- ``copy_started(pid, node)`` / ``copy_finished(pid, node)``: the caller
+  carries out a ``CatchUp`` (the backup drops what it held and copies the
+  partition anew) between the two; False from the first when one is under
+  way already or the backup needs none.
 - ``caught_up(pid, node, epoch)``: the primary reports the backup has
   applied everything it sent; the primary already waits for it on every
   write (``PrimaryAcks.caught_up``), so the in-sync set only ever names
-  members the primary waits for. IN_SYNC.
+  members the primary waits for. IN_SYNC. Refused while the backup copies
+  anew (a late report of its previous copy, which it is dropping: counted in
+  sync it would hold no copy), with an epoch bump all the same: the primary
+  waits for a backup it reported until a newer epoch answers the report.
 - ``unreachable(pid, node, epoch)``: the primary reports a backup behind or
   cut off. It leaves the in-sync set (CATCHING_UP again, the primary resends
   from its position) with an epoch bump; only when that epoch reaches the
@@ -40,12 +58,16 @@ that state, change nothing and answer no action):
   with none left, ``RestoreFromCheckpoint`` (today's path, and its loss
   since that checkpoint). Out-of-sync backups of such a partition are
   dropped: they lack acknowledged writes.
-- ``positions(pid, {node: applied sequence})``: the answers; the most
-  advanced in-sync backup becomes primary (``Promoted``, the event
-  ``primary_promoted``). Every acknowledged write is on every in-sync
-  backup, and each one's batches are a prefix of the new primary's, so the
-  others stay in sync once they apply its tail. Members that did not
-  answer are dropped (they catch up anew later). No answer: nothing yet.
+- ``positions(pid, {node: applied sequence or None}, now)``: the answers
+  (None: it answered but holds no copy, so it is no candidate and leaves the
+  set). The most advanced in-sync backup that holds a copy becomes primary
+  (``Promoted``, the event ``primary_promoted``). Every acknowledged write
+  is on every in-sync backup, and each one's batches are a prefix of the new
+  primary's, so the others stay in sync once they apply its tail. Members
+  that did not answer are dropped (they catch up anew later). No answer:
+  nothing yet, until ``election_timeout`` after the first ask; with no
+  candidate left, or none answering by then, ``RestoreFromCheckpoint`` (its
+  ``reason`` says which). An election never waits forever.
 - ``restored(pid, node)``: the partition was restored from the checkpoint
   on ``node``, its only replica; the planner adds backups.
 - ``moved(pid, node)``: the primary changed by a copy (the first owner, a
@@ -112,18 +134,24 @@ class Promoted:
 class RestoreFromCheckpoint:
     partition: int
     lost: str  # the dead primary
+    reason: str = "no in-sync backup left"
 
 
 Action = Publish | CatchUp | AskPositions | Promoted | RestoreFromCheckpoint
 
 
+ELECTION_TIMEOUT = 20.0  # seconds an election waits for an answer from a live candidate before the restore
+
+
 class InSyncSets:
-    def __init__(self, backup_count: int, replicas: Sequence[Sequence[str]]) -> None:
+    def __init__(self, backup_count: int, replicas: Sequence[Sequence[str]], election_timeout: float = ELECTION_TIMEOUT) -> None:
         """Every replica of ``replicas`` (partition -> [primary, backups...]) starts in sync."""
-        self.backup_count = backup_count
+        self.backup_count, self.election_timeout = backup_count, election_timeout
         self.sets = [ReplicaSet(r[0] if r else None, list(r[1:]), set(r)) for r in replicas]
         # partition without a primary -> its dead one; its backups, all in sync, are the candidates (none: a restore)
         self._lost: dict[int, str] = {}
+        self._asked_since: dict[int, float] = {}  # partition -> when its election first asked (not saved: asked anew)
+        self.copying: set[tuple[int, str]] = set()  # (partition, backup) copying anew (not saved: a restart copies anew)
 
     def __getitem__(self, pid: int) -> ReplicaSet:
         return self.sets[pid]
@@ -138,9 +166,11 @@ class InSyncSets:
         s.epoch += 1
         return Publish(pid, s.epoch, s.primary, tuple(s.backups), tuple(sorted(s.in_sync)))
 
-    def _remove(self, s: ReplicaSet, node: str) -> None:
+    def _remove(self, pid: int, node: str) -> None:
+        s = self.sets[pid]
         s.backups.remove(node)
         s.in_sync.discard(node)
+        self.copying.discard((pid, node))
 
     # -- planned steps -----------------------------------------------------------
 
@@ -168,7 +198,7 @@ class InSyncSets:
         catching_up = any(b not in s.in_sync for b in s.backups if b != node)
         if node in s.in_sync and catching_up and len(s.in_sync) - 1 < self.backup_count + 1:
             return None  # wait until the new replica is in sync
-        self._remove(s, node)
+        self._remove(pid, node)
         return [self._publish(pid)]
 
     # -- the primary's reports -----------------------------------------------------
@@ -177,8 +207,20 @@ class InSyncSets:
         s = self.sets[pid]
         if epoch != s.epoch or node not in s.backups or node in s.in_sync:
             return []
+        if (pid, node) in self.copying:
+            return [self._publish(pid)]  # refused; the bump tells the primary to stop waiting for it
         s.in_sync.add(node)
         return [self._publish(pid)]
+
+    def copy_started(self, pid: int, node: str) -> bool:
+        s = self.sets[pid]
+        if (pid, node) in self.copying or s.primary is None or node not in s.backups or node in s.in_sync:
+            return False
+        self.copying.add((pid, node))
+        return True
+
+    def copy_finished(self, pid: int, node: str) -> None:
+        self.copying.discard((pid, node))
 
     def unreachable(self, pid: int, node: str, epoch: int) -> list[Action]:
         s = self.sets[pid]
@@ -196,7 +238,7 @@ class InSyncSets:
             if not dead & {s.primary, *s.backups}:
                 continue
             for node in dead & set(s.backups):
-                self._remove(s, node)
+                self._remove(pid, node)
             if s.primary in dead:
                 self._lost[pid], s.primary = s.primary, None
                 s.in_sync &= set(s.backups)
@@ -210,20 +252,35 @@ class InSyncSets:
                 actions += [publish, RestoreFromCheckpoint(pid, self._lost[pid])]
         return actions
 
-    def positions(self, pid: int, applied: Mapping[str, int]) -> list[Action]:
+    def positions(self, pid: int, answers: Mapping[str, int | None], now: float) -> list[Action]:
         s = self.sets[pid]
-        answered = sorted(b for b in s.backups if b in applied)
-        if pid not in self._lost or not answered:
+        if pid not in self._lost or not s.backups:
             return []
-        primaries = Counter(other.primary for other in self.sets)
-        new = min(answered, key=lambda n: (-applied[n], primaries[n], n))
-        s.primary, s.backups, s.in_sync = new, [b for b in answered if b != new], set(answered)
-        publish = self._publish(pid)
-        return [publish, Promoted(pid, self._lost.pop(pid), new, publish.epoch)]
+        without_copy = sorted(b for b in s.backups if b in answers and answers[b] is None)
+        for b in without_copy:
+            self._remove(pid, b)  # it answered but holds no copy (it is copying anew, or restarted): no candidate
+        applied = {b: answers[b] for b in s.backups if answers.get(b) is not None}
+        if applied:
+            primaries = Counter(other.primary for other in self.sets)
+            new = min(applied, key=lambda n: (-applied[n], primaries[n], n))
+            s.primary, s.backups, s.in_sync = new, sorted(b for b in applied if b != new), set(applied)
+            self._asked_since.pop(pid, None)
+            publish = self._publish(pid)
+            return [publish, Promoted(pid, self._lost.pop(pid), new, publish.epoch)]
+        if not s.backups:
+            reason = f"its in-sync backups {without_copy} hold no copy"
+        elif now - self._asked_since.setdefault(pid, now) > self.election_timeout:
+            reason = f"no in-sync backup of {sorted(s.backups)} answered within {self.election_timeout:g}s"
+            s.backups, s.in_sync = [], set()
+        else:
+            return [self._publish(pid)] if without_copy else []
+        self._asked_since.pop(pid, None)
+        return [self._publish(pid), RestoreFromCheckpoint(pid, self._lost[pid], reason)]
 
     def moved(self, pid: int, node: str) -> list[Action]:
         s = self.sets[pid]
         self._lost.pop(pid, None)
+        self._asked_since.pop(pid, None)
         s.primary, s.backups, s.in_sync = node, [b for b in s.backups if b != node], {node}
         return [self._publish(pid), *(CatchUp(pid, b, node) for b in s.backups)]
 
@@ -231,7 +288,7 @@ class InSyncSets:
         s = self.sets[pid]
         if node not in s.backups:
             return []
-        self._remove(s, node)
+        self._remove(pid, node)
         return [self._publish(pid)]
 
     def returned(self, node: str) -> list[Action]:

@@ -5,6 +5,7 @@ States of one member::
     register() ──▶ ALIVE ── silent for heartbeat_timeout (expire()) ──▶ DEAD
                    ▲  │ ◀──────────── heartbeat() or register() ────────┘
                    │  └── leave(others=True) ──▶ LEAVING ── left() ──▶ LEFT
+                   │                               └── leave_failed() ──▶ DEAD
                    │  └── leave(others=False): the last node ──▶ DEAD
                    └──────────────── register() ◀── LEFT (a new start)
 
@@ -16,9 +17,15 @@ States of one member::
   there). A LEFT or unknown member is told to register again
   (``UnknownNodeError``).
 - ``expire(now)``: the ALIVE members silent for longer than the timeout
-  become DEAD; answers them.
+  become DEAD; answers them. When the caller itself did not run for more
+  than half the timeout since the previous call (its process was stalled: a
+  loaded machine), their heartbeats may wait unread in its sockets, so
+  nobody expires then and every member's silence is counted from after the
+  stall.
 - ``leave`` / ``left``: a graceful leave; a LEAVING member still gets the
-  table (its partitions move off it) but is not a target.
+  table (its partitions move off it) but is not a target. ``leave_failed``:
+  its partitions could not all move off it; it exits all the same, so it is
+  DEAD (what stayed on it goes to its backups or the checkpoint).
 
 A restarted coordinator loads the members with ``last_seen`` = now, giving
 each a whole timeout to check in.
@@ -52,6 +59,7 @@ class Membership:
         self.heartbeat_timeout = heartbeat_timeout
         self.members: dict[str, Member] = members or {}
         self.next_id = next_id
+        self._expired_at: float | None = None  # the previous expire()
 
     @classmethod
     def from_wire(cls, heartbeat_timeout: float, saved: dict, now: float) -> "Membership":
@@ -104,6 +112,12 @@ class Membership:
         return returned
 
     def expire(self, now: float) -> list[Member]:
+        stalled = 0.0 if self._expired_at is None else now - self._expired_at
+        self._expired_at = now
+        if stalled > self.heartbeat_timeout / 2:
+            for m in self.alive():
+                m.last_seen = min(now, m.last_seen + stalled)
+            return []
         dead = [m for m in self.alive() if now - m.last_seen > self.heartbeat_timeout]
         for m in dead:
             m.status = MemberStatus.DEAD
@@ -126,3 +140,6 @@ class Membership:
 
     def left(self, node_id: str) -> None:
         self.members[node_id].status = MemberStatus.LEFT
+
+    def leave_failed(self, node_id: str) -> None:
+        self.members[node_id].status = MemberStatus.DEAD

@@ -20,7 +20,11 @@ what they had not applied).
   a backup, so it never acknowledges without a member the coordinator still
   counts; answers the sequences acknowledged now.
 - ``caught_up(backup)``: whether the backup applied everything sent; if so
-  the primary waits for it from now on, and reports it to the coordinator.
+  the primary waits for it from now on, and reports it to the coordinator
+  (at this epoch). The coordinator takes such a report only at the epoch it
+  was made, and its next epoch then counts the backup in sync; so a newer
+  epoch that does not has refused the report, and the primary stops waiting
+  for the backup (it reports again once it is caught up).
 - ``overdue(now, max_lag)``: waited-for backups that have not applied a batch
   sent more than ``max_lag`` seconds ago: to report as behind.
 
@@ -84,7 +88,7 @@ class PrimaryAcks:
             return []
         backups = set(backups)
         self.epoch, self.in_sync = epoch, set(in_sync) & backups  # the primary itself is not waited for
-        self.joining = {b for b in self.joining if b in backups and b not in self.in_sync}
+        self.joining = set()  # in sync now, or the report was refused
         self.position = {b: self.position.get(b, 0) for b in backups}
         return self._advance()
 

@@ -1,7 +1,8 @@
 """Replicated partitions through the chaos run's faults: a node added, an in-sync backup leaving gracefully and its
 primary SIGKILLed right after, the coordinator SIGKILLed and restarted, the killed node restarted with its data
 directory. Afterwards every partition has a primary and its backups in sync, and takes a write: no election waits on
-the node that left, and no primary waits for ever on it."""
+the node that left, and no primary waits for ever on it. And a node that leaves gracefully, three times over, does
+not join again as it exits."""
 
 from __future__ import annotations
 
@@ -45,16 +46,22 @@ class Writers:
         self._thread.join(30)
 
 
+def order_keys(rs) -> dict[int, str]:
+    """Partition -> an order id in it."""
+    keys = {}
+    for i in range(10_000):
+        keys.setdefault(rs.partition_of(f"order-{i:05d}"), f"order-{i:05d}")
+        if len(keys) == rs.partitions:
+            return keys
+    raise AssertionError("no order id in some partition")
+
+
 @pytest.mark.timeout(240)
 def test_writes_complete_after_node_and_coordinator_restarts(tmp_path):
     with LocalCluster(nodes=3, partitions=12, root=str(tmp_path / "cluster"), heartbeat_timeout=HEARTBEAT_TIMEOUT,
                       backup_count=1) as cluster:
         with cluster.connect(retry_timeout=30) as rs:
-            keys = {}
-            for i in range(10_000):
-                keys.setdefault(rs.partition_of(f"order-{i:05d}"), f"order-{i:05d}")
-                if len(keys) == rs.partitions:
-                    break
+            keys = order_keys(rs)
             with Writers(cluster, sorted(keys.values())) as writers:
                 cluster.add_node()
                 cluster.wait_replicated(60)
@@ -79,3 +86,27 @@ def test_writes_complete_after_node_and_coordinator_restarts(tmp_path):
                     orders.put(key, {"n": -1, "at": "2026-11-23T17:00:00Z"})
                     assert time.monotonic() - started < 15.0, f"partition {pid}: a write took {time.monotonic() - started:.1f}s"
                 assert orders.get_many(sorted(keys.values())) == [{"n": -1, "at": "2026-11-23T17:00:00Z"}] * len(keys)
+
+
+@pytest.mark.timeout(300)
+def test_a_node_that_leaves_gracefully_does_not_join_again(tmp_path):
+    """The leaving node heartbeats until it exits; a heartbeat answered "not a member" once the coordinator let it go
+    must not register it again: it would be handed partitions and backups as it exits, and its partitions would wait
+    for its death to be noticed (or be restored from the checkpoint)."""
+    with LocalCluster(nodes=3, partitions=32, root=str(tmp_path / "cluster"), heartbeat_timeout=HEARTBEAT_TIMEOUT,
+                      backup_count=1) as cluster:
+        with cluster.connect(retry_timeout=30) as rs:
+            keys = order_keys(rs)
+            with Writers(cluster, sorted(keys.values())):
+                for _ in range(3):
+                    cluster.add_node()
+                    cluster.wait_replicated(90)
+                    leaving = cluster.nodes()[0].node_id
+                    cluster.stop_node(leaving)
+                    status = cluster.wait_replicated(90)
+                    events = [e for e in rs.backend.events() if e.get("node") == leaving]
+                    after = events[[e["event"] for e in events].index("member_left") + 1:]
+                    assert not after, f"{leaving} after it left: {after}"
+                    assert {n["node_id"]: n["status"] for n in status["nodes"]}[leaving] == "left", status["nodes"]
+            orders = rs.value_state("orders")
+            assert all(v is not None for v in orders.get_many(sorted(keys.values())))

@@ -47,20 +47,20 @@ def test_a_dead_primary_is_replaced_by_the_most_advanced_in_sync_backup():
     sets.unreachable(0, "node-4", epoch=1)  # out of sync: lacks acknowledged writes
     actions = sets.members_dead(["node-1"])
     assert actions == [Publish(0, 3, None, ("node-2", "node-3"), ("node-2", "node-3")), AskPositions(0, ("node-2", "node-3"))]
-    assert sets.positions(0, {}) == []  # no answer yet: nothing
-    assert sets.positions(0, {"node-2": 41, "node-3": 42}) == [
+    assert sets.positions(0, {}, now=0.0) == []  # no answer yet: nothing
+    assert sets.positions(0, {"node-2": 41, "node-3": 42}, now=0.0) == [
         Publish(0, 4, "node-3", ("node-2",), ("node-2", "node-3")), Promoted(0, "node-1", "node-3", 4)]
-    assert sets.positions(0, {"node-2": 50}) == []  # decided already
+    assert sets.positions(0, {"node-2": 50}, now=0.0) == []  # decided already
     assert sets.table() == [["node-3", "node-2"]]
 
 
 def test_an_election_picks_among_those_that_answered_balancing_primaries_on_ties():
     sets = InSyncSets(1, [["node-1", "node-2", "node-3"], ["node-2", "node-1"]])
     sets.members_dead(["node-1"])
-    assert sets.positions(0, {"node-2": 9, "node-3": 9})[-1] == Promoted(0, "node-1", "node-3", 3)  # node-2 leads one
+    assert sets.positions(0, {"node-2": 9, "node-3": 9}, now=0.0)[-1] == Promoted(0, "node-1", "node-3", 3)  # node-2 leads one
     sets = InSyncSets(1, [["node-1", "node-2", "node-3"]])
     sets.members_dead(["node-1"])
-    assert sets.positions(0, {"node-2": 3})[0] == Publish(0, 3, "node-2", (), ("node-2",))  # node-3 is re-added later
+    assert sets.positions(0, {"node-2": 3}, now=0.0)[0] == Publish(0, 3, "node-2", (), ("node-2",))  # node-3 is re-added later
 
 
 def test_simultaneous_deaths_up_to_backup_count_keep_the_partition():
@@ -68,7 +68,7 @@ def test_simultaneous_deaths_up_to_backup_count_keep_the_partition():
     actions = sets.members_dead(["node-1", "node-2"])
     assert AskPositions(0, ("node-3",)) in actions
     assert actions[-1] == Publish(1, 2, "node-3", (), ("node-3",))  # a primary that lost its backups serves on
-    assert sets.positions(0, {"node-3": 7})[-1] == Promoted(0, "node-1", "node-3", 3)
+    assert sets.positions(0, {"node-3": 7}, now=0.0)[-1] == Promoted(0, "node-1", "node-3", 3)
 
 
 def test_with_no_in_sync_replica_left_the_partition_is_restored_from_the_checkpoint():
@@ -85,7 +85,45 @@ def test_an_election_whose_last_candidate_dies_falls_back_to_the_checkpoint():
     sets = InSyncSets(1, [["node-1", "node-2"]])
     assert sets.members_dead(["node-1"])[-1] == AskPositions(0, ("node-2",))
     assert sets.members_dead(["node-2"]) == [Publish(0, 3, None, (), ()), RestoreFromCheckpoint(0, "node-1")]
-    assert sets.positions(0, {"node-2": 5}) == []  # a late answer from the dead changes nothing
+    assert sets.positions(0, {"node-2": 5}, now=0.0) == []  # a late answer from the dead changes nothing
+
+
+def test_a_candidate_that_answers_without_a_copy_is_no_candidate():
+    sets = InSyncSets(2, [["node-1", "node-2", "node-3"]])
+    sets.members_dead(["node-1"])
+    assert sets.positions(0, {"node-2": None}, now=0.0) == [Publish(0, 3, None, ("node-3",), ("node-3",))]
+    assert sets.positions(0, {"node-3": 4}, now=1.0)[-1] == Promoted(0, "node-1", "node-3", 4)
+    sets = InSyncSets(1, [["node-1", "node-2"]])
+    sets.members_dead(["node-1"])
+    assert sets.positions(0, {"node-2": None}, now=0.0) == [
+        Publish(0, 3, None, (), ()), RestoreFromCheckpoint(0, "node-1", "its in-sync backups ['node-2'] hold no copy")]
+    assert sets.lost() == {0: "node-1"} and sets.positions(0, {"node-2": 9}, now=1.0) == []  # left to the restore
+
+
+def test_an_election_no_candidate_answers_falls_to_the_checkpoint_after_its_timeout():
+    sets = InSyncSets(1, [["node-1", "node-2"]], election_timeout=20.0)
+    sets.members_dead(["node-1"])
+    assert sets.positions(0, {}, now=100.0) == []  # the first ask starts the clock
+    assert sets.positions(0, {}, now=119.0) == []
+    assert sets.positions(0, {}, now=121.0) == [
+        Publish(0, 3, None, (), ()), RestoreFromCheckpoint(0, "node-1", "no in-sync backup of ['node-2'] answered within 20s")]
+    assert sets.restored(0, "node-3") == [Publish(0, 4, "node-3", (), ("node-3",))]
+
+
+def test_a_backup_copying_anew_is_not_counted_in_sync_by_a_late_report():
+    """A late ``caught_up`` of its previous copy, which it is dropping, is refused; the epoch bumps all the same so
+    the primary stops waiting for it; once the copy is done its next report counts."""
+    sets = InSyncSets(1, [["node-1"]])
+    sets.add_backup(0, "node-2")
+    assert sets.copy_started(0, "node-2") and not sets.copy_started(0, "node-2")  # one at a time
+    assert sets.caught_up(0, "node-2", epoch=2) == [Publish(0, 3, "node-1", ("node-2",), ("node-1",))]
+    sets.copy_finished(0, "node-2")
+    assert sets.caught_up(0, "node-2", epoch=3) == [Publish(0, 4, "node-1", ("node-2",), ("node-1", "node-2"))]
+    assert not sets.copy_started(0, "node-2")  # in sync: no copy
+    sets.unreachable(0, "node-2", epoch=4)
+    assert sets.copy_started(0, "node-2")
+    sets.members_dead(["node-2"])
+    assert sets.copying == set()
 
 def test_the_planners_steps_carried_out_reach_its_target_without_losing_in_sync_replicas():
     table = plan([[]] * 12, {f"node-{i}": ALIVE for i in (1, 2, 3)}, backup_count=1).target
@@ -116,7 +154,7 @@ def test_after_a_promotion_the_planner_restores_the_backup_count():
     assert sets.table()[:2] == [["node-1", "node-2"], ["node-1", "node-3"]]  # named by their dead primary
     assert not any(s.partition in (0, 1) for s in plan(sets.table(), statuses, backup_count=1).steps)  # left to the election
     for ask in asks:
-        sets.positions(ask.partition, {n: 3 for n in ask.nodes})
+        sets.positions(ask.partition, {n: 3 for n in ask.nodes}, now=0.0)
     after = plan(sets.table(), statuses, backup_count=1)
     assert all(len(r) == 2 and "node-1" not in r for r in after.target)
     assert {s.kind for s in after.steps} <= {StepKind.ADD, StepKind.PROMOTE, StepKind.DROP}
@@ -144,7 +182,7 @@ def test_a_dead_primary_back_before_an_election_takes_its_partitions_back():
     back = sets.returned("node-1")  # no backup answered yet: its copy is the most advanced
     assert [type(a) for a in back] == [Publish, CatchUp, Publish] and not sets.lost()
     assert sets[0].primary == "node-1" and sets[0].in_sync == {"node-1"} and sets[0].backups == ["node-2"]
-    assert sets.positions(0, {"node-2": 7}) == []  # the election is over
+    assert sets.positions(0, {"node-2": 7}, now=0.0) == []  # the election is over
 
 
 def test_the_sets_survive_a_round_trip_through_the_saved_record():

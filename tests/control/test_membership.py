@@ -17,11 +17,22 @@ def test_register_heartbeat_expire_and_return():
     assert ms.register("node-7", A, 2.0) == ("node-7", True)  # unknown under its old id: it joins as itself
     assert ms.heartbeat("node-2", 4.0) is False
     assert ms.expire(6.9) == [] and [m.node_id for m in ms.expire(7.1)] == ["node-1", "node-7"]
-    assert ms["node-1"].status is MemberStatus.DEAD and ms.expire(100.0) == [ms["node-2"]]
+    assert ms["node-1"].status is MemberStatus.DEAD and ms.expire(9.2) == [ms["node-2"]]
     assert ms.heartbeat("node-1", 101.0) is True  # back from being cut off
     assert ms["node-1"].status is MemberStatus.ALIVE and ms.heartbeat("node-1", 102.0) is False
     with pytest.raises(UnknownNodeError, match="register again"):
         ms.heartbeat("node-9", 102.0)
+
+
+def test_a_stall_of_the_coordinator_itself_is_not_the_members_silence():
+    """Its process did not run for 4 s (a loaded machine): the heartbeats sent meanwhile wait unread in its sockets."""
+    ms = Membership(heartbeat_timeout=2.0)
+    ms.register(None, A, 0.0)
+    ms.register(None, B, 0.0)
+    assert ms.expire(0.5) == [] and ms.expire(4.5) == []  # stalled: nobody expires
+    ms.heartbeat("node-1", 5.5)  # its heartbeats go on
+    assert ms.expire(5.0) == [] and ms.expire(5.9) == []
+    assert [m.node_id for m in ms.expire(6.7)] == ["node-2"]  # silent for 2 s after the stall
 
 
 def test_leaving_and_the_last_node():
@@ -39,6 +50,17 @@ def test_leaving_and_the_last_node():
     assert ms.leave("node-2") is False and ms["node-2"].status is MemberStatus.DEAD  # its partitions wait on its disk
     with pytest.raises(UnknownNodeError):
         ms.leave("node-3")
+
+
+def test_a_leave_whose_partitions_could_not_all_move_ends_dead():
+    """The node exits all the same: it must not stay LEAVING (never expired) with partitions nobody serves."""
+    ms = Membership(heartbeat_timeout=5.0)
+    ms.register(None, A, 0.0)
+    ms.register(None, B, 0.0)
+    assert ms.leave("node-1") is True
+    ms.leave_failed("node-1")
+    assert ms["node-1"].status is MemberStatus.DEAD and not ms.serving("node-1")
+    assert ms.heartbeat("node-1", 1.0) is True  # a late heartbeat is a return, as after any death
 
 
 def test_the_members_survive_a_restart_with_a_fresh_timeout():

@@ -54,10 +54,25 @@ def test_a_caught_up_backup_is_waited_for_before_the_coordinator_counts_it():
     acks.applied("node-2", 1)
     assert acks.caught_up("node-2") is True
     assert acks.send(now=1.0).acknowledged is False  # waited for from the report on
-    assert acks.configure(epoch=4, backups=["node-2", "node-5"], in_sync=["node-1"]) == []  # another change: still waited for
     assert acks.applied("node-2", 2) == [2]
-    assert acks.configure(epoch=5, backups=["node-5"], in_sync=["node-1"]) == []  # dropped: no longer waited for
-    assert acks.send(now=2.0).acknowledged
+    assert acks.caught_up("node-2") is True
+    assert acks.configure(epoch=4, backups=["node-2"], in_sync=["node-1", "node-2"]) == []  # the report taken
+    assert acks.send(now=2.0).acknowledged is False and acks.applied("node-2", 3) == [3]
+    assert acks.configure(epoch=5, backups=["node-2"], in_sync=["node-1"]) == [] and acks.send(now=3.0).acknowledged
+
+
+def test_a_newer_epoch_that_does_not_count_a_reported_backup_ends_the_wait_for_it():
+    """The coordinator refused the report (it was made at an older epoch, or the backup is copying anew): the
+    primary must not wait for a backup that may be dropping its copy."""
+    acks = PrimaryAcks(epoch=2, positions={})
+    acks.configure(epoch=3, backups=["node-2"], in_sync=["node-1"])
+    acks.send(now=0.0)
+    acks.applied("node-2", 1)
+    assert acks.caught_up("node-2") and acks.waits() == {"node-2"}
+    assert acks.send(now=1.0).acknowledged is False
+    assert acks.configure(epoch=4, backups=["node-2", "node-5"], in_sync=["node-1"]) == [2]  # another change: refused
+    assert acks.waits() == set() and acks.send(now=2.0).acknowledged
+    assert acks.overdue(now=100.0, max_lag=1.0) == []
 
 
 def test_a_backup_refuses_an_older_epoch_resends_and_gaps():
@@ -85,7 +100,7 @@ def test_after_a_promotion_the_deposed_primary_cannot_write_through_a_backup():
     assert on_node_3.check(batch.epoch, batch.seq)
     on_node_3.applied(batch.seq)
     sets.members_dead(["node-1"])  # cut off from the coordinator, declared dead
-    publish = sets.positions(0, {"node-2": 0, "node-3": 1})[0]
+    publish = sets.positions(0, {"node-2": 0, "node-3": 1}, now=0.0)[0]
     assert publish.primary == "node-3"
     new = PrimaryAcks(epoch=publish.epoch, positions={"node-2": 0}, last_seq=1)
     on_node_2 = BackupApply(epoch=1)
