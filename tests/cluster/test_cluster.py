@@ -205,11 +205,11 @@ def test_in_process_cluster_serves_the_same_api(tmp_path):
 def test_node_metrics_are_exposed_for_prometheus(tmp_path):
     import asyncio
 
-    from rockstate.cluster.local import _ThreadRunner
+    from rockstate.cluster.runners import ThreadRunner
     from rockstate.config import NodeConfig
 
     with LocalCluster(nodes=1, partitions=4, root=str(tmp_path), processes=False) as cluster:
-        runner: _ThreadRunner = cluster._runner
+        runner: ThreadRunner = cluster._runner
         [info] = runner.start_nodes([NodeConfig(coordinator=cluster.address, data_dir=str(tmp_path / "m"), metrics_port=0)])
         node = runner.nodes[info.node_id]
         cluster.wait_balanced()
