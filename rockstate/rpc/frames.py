@@ -27,6 +27,7 @@ MAX_FRAME = 256 * 1024 * 1024
 """Default largest frame body, in bytes, that a peer sends or accepts."""
 
 _HEADER = struct.Struct(">I")
+HEADER_SIZE = _HEADER.size
 
 MAGIC = b"RKS\x01"
 """The greeting that opens a connection, both ways (its last byte changes only with an incompatible framing)."""
@@ -84,7 +85,7 @@ def decode(body: bytes) -> Any:
                             f" {type(e).__name__}: {e}") from e
 
 
-def _body_size(header: bytes, max_frame: int) -> int:
+def body_size(header: bytes, max_frame: int) -> int:
     if not header:
         raise ConnectionLostError("connection closed by peer")
     if len(header) < _HEADER.size:
@@ -96,7 +97,7 @@ def _body_size(header: bytes, max_frame: int) -> int:
     return size
 
 
-def _check_body(body: bytes, size: int) -> bytes:
+def check_body(body: bytes, size: int) -> bytes:
     if len(body) < size:
         raise FrameTruncatedError(f"truncated frame: connection closed after {len(body)} of {size} bytes")
     return body
@@ -110,12 +111,12 @@ async def read_frame(reader: asyncio.StreamReader, max_frame: int = MAX_FRAME) -
         header = await reader.readexactly(_HEADER.size)
     except asyncio.IncompleteReadError as e:
         header = e.partial
-    size = _body_size(header, max_frame)
+    size = body_size(header, max_frame)
     try:
         body = await reader.readexactly(size)
     except asyncio.IncompleteReadError as e:
         body = e.partial
-    return decode(_check_body(body, size))
+    return decode(check_body(body, size))
 
 
 async def write_frame(writer: asyncio.StreamWriter, obj: Any, max_frame: int = MAX_FRAME) -> None:
@@ -131,8 +132,8 @@ def read_frame_sync(stream: BinaryIO, max_frame: int = MAX_FRAME) -> Any:
 
     The buffer usually gets header and body in one ``recv``.
     """
-    size = _body_size(stream.read(_HEADER.size), max_frame)
-    return decode(_check_body(stream.read(size), size))
+    size = body_size(stream.read(_HEADER.size), max_frame)
+    return decode(check_body(stream.read(size), size))
 
 
 def write_frame_sync(sock: socket.socket, obj: Any, max_frame: int = MAX_FRAME) -> None:

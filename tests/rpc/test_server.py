@@ -1,5 +1,6 @@
 """What the server does with peers that misbehave: bad frames, other versions, wrong secrets."""
 
+import asyncio
 import shutil
 import socket
 import ssl
@@ -8,12 +9,12 @@ import subprocess
 
 import pytest
 
-from rockstate.errors import AuthenticationError, ProtocolError, ProtocolVersionError, UnknownOperationError
+from rockstate.errors import AuthenticationError, ProtocolError, ProtocolVersionError, RockstateError, UnknownOperationError
 from rockstate.rpc.messages import PROTOCOL_VERSION
 from rockstate.rpc import AsyncChannel, Channel, client
 from rockstate.rpc.messages import Welcome
 
-from .support import Echo, RawConnection, Sleep, echo, sleep
+from .support import Crash, Echo, RawConnection, Sleep, crash, echo, sleep, wait_for
 
 BAD_FRAMES = {
     "undecodable": struct.pack(">I", 1) + b"\xc1",
@@ -166,3 +167,48 @@ def test_tls(serve, loop, tls):
         async with AsyncChannel(server.address, ssl=client_ctx) as ac:
             assert await ac.call(Echo(value="tls")) == "tls"
     loop.run(main())
+
+
+def test_inline_requests_are_answered_in_order_and_one_that_waits_holds_only_its_connection(serve, loop):
+    released = asyncio.Event()
+
+    async def held(msg, conn):
+        await released.wait()
+        return "released"
+
+    server = serve({Echo: echo, Crash: crash, Sleep: held}, inline=(Echo, Crash, Sleep))
+    raw = RawConnection(server.address)
+    raw.hello()
+    raw.send({"id": 1, "msg": Sleep(seconds=0).to_wire(), "deadline": None})
+    raw.send({"id": 2, "msg": Echo(value="queued").to_wire(), "deadline": None})
+    raw.send({"id": 3, "msg": Crash().to_wire(), "deadline": None})
+    raw.send({"id": 4, "msg": Echo(value="last").to_wire(), "deadline": 5.0})
+    with Channel(server.address, timeout=10) as other:
+        assert other.call(Echo(value="other")) == "other"  # another connection is not held up
+    wait_for(lambda: len(server._requests) == 1, timeout=10)  # request 1, waiting
+    loop.run(_set(released))
+    assert raw.reply() == (1, "released")  # a later request is answered only after it
+    assert raw.reply() == (2, "queued")
+    rid, error = raw.reply()
+    assert rid == 3 and isinstance(error, RockstateError) and "ValueError: boom" in error.message
+    assert raw.reply() == (4, "last")
+    raw.close()
+
+
+def test_stop_cancels_an_inline_request_that_waits(serve, loop):
+    async def forever(msg, conn):
+        await asyncio.Event().wait()
+
+    server = serve({Echo: echo, Sleep: forever}, inline=(Echo, Sleep))
+    raw = RawConnection(server.address)
+    raw.hello()
+    raw.send({"id": 1, "msg": Sleep(seconds=0).to_wire(), "deadline": None})
+    wait_for(lambda: len(server._requests) == 1, timeout=10)
+    loop.run(server.stop(), timeout=30)
+    assert not server._requests
+    assert raw.closed_by_peer()  # closed without an answer to the cancelled request
+    raw.close()
+
+
+async def _set(event: asyncio.Event) -> None:
+    event.set()
