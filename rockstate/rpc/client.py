@@ -175,16 +175,31 @@ class _Connection:
             raise ProtocolError(f"{self.address} answered request {got!r} instead of {rid}")
         return result
 
-    def _take(self, n: int) -> bytes:
+    def _take(self, n: int) -> bytes | bytearray:
         """The next ``n`` bytes from the socket (fewer if it closed); one receive usually brings a whole reply."""
         received = self._received
         while len(received) < n:
-            chunk = self._sock.recv(max(n - len(received), _RECEIVE))
+            if n - len(received) > _RECEIVE:  # a large frame: the rest straight into its own buffer
+                return self._take_large(n)
+            chunk = self._sock.recv(_RECEIVE)
             if not chunk:
                 break
             received += chunk
         data = bytes(received[:n])
         del received[:n]
+        return data
+
+    def _take_large(self, n: int) -> bytearray:
+        data = bytearray(n)
+        got = len(self._received)
+        data[:got] = self._received
+        self._received.clear()
+        with memoryview(data) as view:
+            while got < n:
+                count = self._sock.recv_into(view[got:])
+                if not count:
+                    return data[:got]
+                got += count
         return data
 
     def _settimeout(self, timeout: float) -> None:

@@ -156,3 +156,11 @@ def test_nothing_listening():
     with pytest.raises(ConnectionLostError, match="127.0.0.1:1") as info:
         Channel("127.0.0.1:1").call(Echo(value=1))
     assert info.value.retryable
+
+
+@pytest.mark.parametrize("size", [0, 65_535, 65_536, 300_000, 5_000_000])
+def test_frames_of_any_size_round_trip(channel, size):
+    """Replies up to one receive's size, and larger ones read straight into their own buffer."""
+    assert channel.call(Echo(value=b"y" * size)) == b"y" * size
+    assert channel.call(Big(size=size)) == b"x" * size
+    assert channel.call(Echo(value="next")) == "next"  # nothing of a reply is left behind for the next one
