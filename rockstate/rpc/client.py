@@ -38,6 +38,10 @@ from .messages import PROTOCOL_VERSION, Challenge, Hello, Message, Welcome, pars
 REPLY_GRACE = 0.1
 _RECEIVE = 64 * 1024  # bytes asked of the socket at a time (a larger buffer is a mmap per receive)
 _TIMEVAL = struct.Struct("@ll")  # struct timeval, for SO_RCVTIMEO and SO_SNDTIMEO
+# A server-to-server connection whose data has gone unacknowledged this long is dead: the kernel drops it, and
+# the next call reconnects. Without it, after a cut link heals, calls queue behind data TCP resends only when its
+# backed-off retransmission timer fires (seconds to minutes later). A slow server's kernel still acknowledges.
+UNACKNOWLEDGED_MS = 5000
 
 
 def split_address(address: object) -> tuple[str, int]:
@@ -376,6 +380,7 @@ class AsyncChannel:
         try:
             async with asyncio.timeout(timeout):
                 reader, writer = await asyncio.open_connection(host, port, ssl=self._ssl)
+                writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, UNACKNOWLEDGED_MS)
                 writer.write(MAGIC)
                 reply = await self._handshake_step(reader, writer, _hello(self.name), greeting=min(timeout, GREETING_TIMEOUT))
                 if isinstance(reply, Challenge):

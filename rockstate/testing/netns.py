@@ -16,14 +16,15 @@ opens from then on are that host's, and are cut with it.
 
 ``close()`` stops every process left in the namespaces by its PID and deletes
 the namespaces and the bridge, whatever happened before. Names carry this
-process's PID; the first network of a later process removes those of processes
-that died without closing theirs.
+process's PID; a new network removes those of processes that died without
+closing theirs.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ipaddress
+import itertools
 import os
 import re
 import shutil
@@ -35,7 +36,8 @@ from dataclasses import dataclass
 from ..errors import ConfigError
 
 CLONE_NEWNET = 0x40000000
-_OURS = re.compile(r"rsn(\d+)[-b]")  # our namespaces ("rsn<pid>-<host>") and bridges ("rsn<pid>br")
+_OURS = re.compile(r"rs(\d+)[a-z](-|br$)")  # our namespaces ("rs<pid><letter>-<host>") and bridges ("rs<pid><letter>br")
+_made = itertools.count()  # networks made by this process: each has names of its own (a deleted one's may linger)
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,7 @@ def refused() -> str | None:
     """Why this machine cannot make network namespaces (not root, a kernel or sandbox that refuses), or None."""
     if os.geteuid() != 0:
         return "network namespaces need root"
-    name = f"rsn{os.getpid()}-probe"
+    name = f"rs{os.getpid()}-probe"
     done = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
     if done.returncode:
         return f"the kernel refused a network namespace: {done.stderr.strip()}"
@@ -114,7 +116,7 @@ class Network:
             if not shutil.which(tool):
                 raise ConfigError(f"`{tool}` is not installed: scripts/setup.sh installs iproute2 and iptables")
         _remove_abandoned()
-        self.tag = f"rsn{os.getpid()}"
+        self.tag = f"rs{os.getpid()}{chr(ord('a') + next(_made) % 26)}"  # interface names: 15 characters at most
         self.bridge = f"{self.tag}br"
         self.hosts: dict[str, Host] = {}
         self._cuts: set[tuple[str, str]] = set()

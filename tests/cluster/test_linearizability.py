@@ -15,8 +15,8 @@ import pytest
 import rockstate
 from rockstate import keys as keyhash
 from rockstate.cluster.local import LocalCluster, wait_until
-from rockstate.errors import RockstateError
 from rockstate.testing.history import CAS, READ, UNKNOWN, WRITE, History, Operation, Restore, check_history
+from rockstate.testing.workload import Workload, keys_for
 
 # -- the checker on hand-made histories --------------------------------------------
 
@@ -217,113 +217,6 @@ def test_compare_and_set_on_a_cluster_loses_no_update(tmp_path):
 
 
 # -- recorded histories on multi-process clusters ---------------------------------------
-
-
-def keys_for(rs, per_partition: int = 1) -> list[int]:
-    """Small int keys, ``per_partition`` in every partition."""
-    keys, count = [], {}
-    for k in range(10_000):
-        pid = rs.partition_of(k)
-        if count.get(pid, 0) < per_partition:
-            count[pid] = count.get(pid, 0) + 1
-            keys.append(k)
-        if len(keys) == per_partition * rs.partitions:
-            return keys
-    raise AssertionError("no keys for some partition")
-
-
-class Workload:
-    """Client threads, each with its own connection, doing random reads, writes and compare-and-sets on
-    a few keys and recording every one in ``history``. Written values are unique.
-
-    Several workloads may share a history: ``first`` numbers this one's processes after another's.
-    ``enter``: called first in each client thread (to move it into a network namespace, say)."""
-
-    def __init__(self, cluster, history: History, keys: list, threads: int = 6, seed: int = 0, first: int = 0,
-                 enter=None) -> None:
-        self.cluster, self.history, self.keys = cluster, history, keys
-        self.first, self.enter = first, enter
-        self.done = [0] * threads
-        self.errors: list[BaseException] = []
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(p, random.Random(seed * 100 + first + p)), daemon=True)
-                         for p in range(threads)]
-
-    def _run(self, index: int, rnd: random.Random) -> None:
-        try:
-            if self.enter is not None:
-                self.enter()
-            process = self.first + index
-            with self.cluster.connect(retry_timeout=10.0, timeout=10.0) as rs:
-                state = rs.value_state("register")
-                seen: dict = {}
-                serial = 0
-                while not self._stop.is_set():
-                    serial += 1
-                    self._one(process, rnd, state, seen, process * 1_000_000 + serial)
-                    self.done[index] += 1
-        except BaseException as e:  # noqa: BLE001 -- reported by check()
-            self.errors.append(e)
-
-    def _one(self, process, rnd, state, seen, unique) -> None:
-        h, key, dice = self.history, rnd.choice(self.keys), rnd.random()
-        if dice < 0.4:
-            op = h.invoke(process, READ, key)
-            try:
-                seen[key] = value = state.get(key)
-            except RockstateError as e:
-                h.fail(op, e)  # a read changes nothing: a failed one is left out
-            else:
-                h.ok(op, value)
-        elif dice < 0.7:
-            op = h.invoke(process, WRITE, key, unique)
-            try:
-                state.put(key, unique)
-            except RockstateError as e:
-                h.info(op, e)  # it may have been applied before the error
-            else:
-                h.ok(op, None)
-                seen[key] = unique
-        else:
-            expected = seen.get(key)
-            op = h.invoke(process, CAS, key, (expected, unique))
-            try:
-                applied = state.compare_and_set(key, expected, unique)
-            except RockstateError as e:
-                h.info(op, e)  # it may have been applied before the error
-            else:
-                h.ok(op, applied)
-                if applied:
-                    seen[key] = unique
-
-    def wait_ops(self, n: int, timeout: float = 30.0) -> None:
-        """Wait until every thread has completed ``n`` more operations."""
-        target = [d + n for d in self.done]
-        try:
-            wait_until(lambda: self.errors or all(d >= t for d, t in zip(self.done, target)), timeout, f"{n} operations per thread")
-        except RockstateError as e:  # say where the clients are stuck
-            status = self.cluster.status()
-            stuck = [r for r in status.get("replicas", []) if r.get("waiting_for_election") or r.get("primary") is None]
-            raise AssertionError(f"{e}: done {self.done} of {target}; partitions without a primary {stuck}; "
-                                 f"owners {status.get('owners')}; last events {status.get('events', [])[-12:]}") from e
-        assert not self.errors, self.errors
-
-    def __enter__(self) -> "Workload":
-        for th in self._threads:
-            th.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for th in self._threads:
-            th.join(30)
-        assert not any(th.is_alive() for th in self._threads)
-
-    def kinds(self) -> dict:
-        ops = self.history.operations()
-        return {kind: sum(1 for o in ops if o.kind == kind and o.status == "ok") for kind in (READ, WRITE, CAS)} | {
-            "cas applied": sum(1 for o in ops if o.kind == CAS and o.output is True),
-            "info": sum(1 for o in ops if o.status == "info")}
 
 
 def linearizable_cluster(tmp_path, backup_count: int = 1) -> LocalCluster:

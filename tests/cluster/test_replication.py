@@ -15,8 +15,7 @@ from rockstate.cluster.local import LocalCluster, wait_until
 from rockstate.errors import RockstateError
 from rockstate.serde import _pack
 from rockstate.testing.history import History, check_history
-
-from .test_linearizability import Workload, keys_for
+from rockstate.testing.workload import Workload, keys_for
 
 
 HEARTBEAT_TIMEOUT = 2.0  # a loaded 2-core machine can stall a node's loop past 1 s: no false deaths here

@@ -17,8 +17,7 @@ from rockstate.errors import ProtocolError
 from rockstate.rpc.client import Channel
 from rockstate.serde import encode_key, encode_value
 from rockstate.store import APPEND, requests
-
-from .test_linearizability import keys_for
+from rockstate.testing.workload import keys_for
 
 _HEADER = struct.Struct(">I")  # rpc/frames.py: a frame is a 4-byte big-endian body length, then the body
 

@@ -23,7 +23,7 @@ from rockstate.cluster.local import wait_until
 from rockstate.files import read_json
 from rockstate.rpc.client import Channel
 from rockstate.testing.history import History, check_history
-from tests.cluster.test_linearizability import Workload, keys_for
+from rockstate.testing.workload import Workload, keys_for
 
 SESSION = 1.5
 
