@@ -22,6 +22,7 @@ import numpy as np
 
 from ..states import SCAN_PAGE, Backend, group_by_partition
 from ..store.partition import DELETE_MANY, DELETE_PREFIX, PUT_MANY
+from .expiry import add_entries
 from .timers import TimerView
 
 
@@ -98,6 +99,7 @@ class KeyedView:
         self.known: dict[bytes, bytes | None] = {}  # prefetched or written in this batch
         self.dirty: dict[bytes, int] = {}  # written key -> partition
         self.columns: list[tuple[list[bytes], np.ndarray, list[bytes] | None]] = []  # (keys, pids, values or None: deletes)
+        self.ttl: tuple[str, int] | None = None  # a TTL state's (index by expiry, expiry of this batch's writes)
 
     def _settle(self) -> None:
         for keys, pids, values in self.columns:
@@ -143,6 +145,10 @@ class KeyedView:
             _add_columns(writer, DELETE_MANY if values is None else PUT_MANY, self.state, keys, pids, values)
         written = {k: self.known[k] for k in self.dirty}
         _write_ops(writer, self.state, written, self.dirty)
+        if self.ttl:
+            puts = [(k, pid) for keys, pids, values in self.columns if values is not None for k, pid in zip(keys, pids.tolist())]
+            puts += [(k, self.dirty[k]) for k, v in written.items() if v is not None]
+            add_entries(writer, self.ttl[0], self.ttl[1], self.state, [k for k, _ in puts], [p for _, p in puts])
         if keep:  # what this batch wrote, for the task's later batches (its writes are staged, not in the state)
             for keys, _, values in self.columns:
                 written.update(zip(keys, values or [None] * len(keys)))
@@ -164,6 +170,7 @@ class MapView:
         self.overlay: dict[bytes, dict[bytes, bytes | None]] = {}  # key -> user key -> written value (None: removed)
         self.cleared: set[bytes] = set()  # keys whose committed entries this batch removed
         self.dirty: dict[bytes, int] = {}  # written key -> partition
+        self.ttl: tuple[str, int] | None = None  # as KeyedView's
 
     def _committed(self, key: bytes, pid: int) -> dict[bytes, bytes]:
         if key in self.cleared:
@@ -232,6 +239,10 @@ class MapView:
         entries = {key + uk: v for key in self.dirty for uk, v in self.overlay[key].items()}
         pids = {key + uk: self.dirty[key] for key in self.dirty for uk in self.overlay[key]}
         _write_ops(writer, self.state, entries, pids)
+        if self.ttl:
+            puts = [(key, uk) for key in self.dirty for uk, v in self.overlay[key].items() if v is not None]
+            add_entries(writer, self.ttl[0], self.ttl[1], self.state, [k for k, _ in puts], [self.dirty[k] for k, _ in puts],
+                        [uk for _, uk in puts])
         if keep:  # the task's later batches see these maps as this one left them (see KeyedView.finish)
             self.dirty = {}
         else:

@@ -16,12 +16,14 @@ refused with ``UnsupportedClientError`` before any job starts.
 from __future__ import annotations
 
 import threading
+import weakref
 from dataclasses import dataclass
 
 from ..api import Rockstate
 from ..cluster.client import ClusterBackend
 from ..errors import UnsupportedClientError
 from ..states import Backend
+from ..store.catalog import StateSpec
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,21 @@ def as_spec(client: object) -> StateClientSpec:
 
 _backends: dict[StateClientSpec, Backend] = {}
 _lock = threading.Lock()
+_defined: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # backend -> {spec asked: spec defined}
+
+
+def define_state(backend: Backend, spec: StateSpec) -> StateSpec:
+    """``backend.define_state(spec)``, asked of the coordinator once per backend: every task of every micro-batch
+    defines its operator's states again, and a defined state stays defined (dropping a state is an operator's
+    act on a stopped query)."""
+    with _lock:
+        known = _defined.setdefault(backend, {})
+        found = known.get(spec)
+    if found is None:
+        found = backend.define_state(spec)
+        with _lock:
+            known[spec] = found
+    return found
 
 
 def backend_for(spec: StateClientSpec) -> Backend:

@@ -33,6 +33,7 @@ from ..keys import partition_of
 from ..ops import PUT
 from ..serde import decode_value, encode_key, encode_value
 from ..store.catalog import StateSpec
+from .client import define_state
 
 CLOCKS = "_batch_clocks"
 EVENT_KEY = b"max_event_time"
@@ -45,7 +46,7 @@ def now_ms() -> int:
 
 def batch_timestamp(backend, query: str, batch: int) -> int:
     """The processing time of ``batch`` of ``query``, fixed by whoever asks first."""
-    backend.define_state(StateSpec(CLOCKS, "value"))
+    define_state(backend, StateSpec(CLOCKS, "value"))
     key, pid = encode_key(query), partition_of(query, backend.partitions)
     while True:
         old = backend.get_many(CLOCKS, {pid: [key]})[pid][0]
@@ -86,7 +87,7 @@ class TaskClock:
     def _events(self) -> dict[int, list]:
         """The event-time record of every partition: [largest event time, late rows dropped, the batch's watermark]."""
         backend = self.backend
-        backend.define_state(StateSpec(self.event_state, "value"))
+        define_state(backend, StateSpec(self.event_state, "value"))
         found = backend.get_many(self.event_state, {pid: [EVENT_KEY] for pid in range(backend.partitions)})
         return {pid: decode_value(v[0]) for pid, v in found.items() if v[0] is not None}
 
@@ -141,6 +142,6 @@ class TaskClock:
 
 def late_rows(backend, event_state: str) -> int:
     """Rows an event-time operator dropped as late, over every applied batch."""
-    backend.define_state(StateSpec(event_state, "value"))
+    define_state(backend, StateSpec(event_state, "value"))
     found = backend.get_many(event_state, {pid: [EVENT_KEY] for pid in range(backend.partitions)})
     return sum(decode_value(v[0])[1] for v in found.values() if v[0] is not None)

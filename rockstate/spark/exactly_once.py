@@ -38,7 +38,7 @@ from ..errors import CheckpointsNotConfiguredError, RockstateError
 from ..keys import partition_of
 from ..serde import decode_value, encode_key, encode_value
 from ..store import PUT, StateSpec
-from .client import as_spec, backend_for
+from .client import as_spec, backend_for, define_state
 from .microbatch import per_batch_checkpoint, settle, take_checkpoint
 
 log = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ class ExactlyOnce:
         entry = {"batch": batch_id, "rows_in": rows_in, "rows_out": rows_out, "seconds": round(run_s, 4),
                  "checkpoint_seconds": round(checkpoint_s, 4), "checkpoint": chk, "time": time.time()}
         backend = self.backend
-        backend.define_state(StateSpec(PIPELINES, "value"))
+        define_state(backend, StateSpec(PIPELINES, "value"))
         key, pid = encode_key(self.query), partition_of(self.query, backend.partitions)
         old = backend.get_many(PIPELINES, {pid: [key]})[pid][0]
         record = decode_value(old) if old else {"query": self.query, "batches": []}

@@ -42,7 +42,10 @@ class StateHandle:
     def _view(self) -> Any:
         if self.deleted:
             raise InvalidInputError(f"state {self.name!r} was deleted by delete_if_exists in init(); ask for it again to use it")
-        return self._owner.batch(self.name).view(self.name, self.kind)
+        view = self._owner.batch(self.name).view(self.name, self.kind)
+        if self.codec.ttl_ms is not None and view.ttl is None:  # its writes go to the index by expiry too (``expiry``)
+            view.ttl = (self._owner.ttl_index, self.codec.clock() + self.codec.ttl_ms)
+        return view
 
     def _keys(self, keys: Any) -> tuple[list[bytes], np.ndarray]:
         return self._owner.encode_keys(keys)

@@ -28,6 +28,7 @@ from ..ops import DELETE_MANY, PUT_MANY
 from ..serde import decode_key, decode_value, encode_values
 from ..states import prepare_keys
 from ..store.catalog import StateSpec
+from .client import define_state
 from .values import plain
 
 PAGE = 1000
@@ -44,7 +45,7 @@ def write_initial_state(backend, initial, keys: Sequence[str]) -> tuple[str, tup
     rows = df.toPandas()
     columns = tuple(rows.columns)
     state = f"_initial.{secrets.token_hex(8)}"
-    backend.define_state(StateSpec(state, "value"))
+    define_state(backend, StateSpec(state, "value"))
     if rows.empty:
         return state, columns
     groups = rows.groupby(list(keys), sort=False, dropna=False)

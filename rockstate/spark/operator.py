@@ -27,6 +27,7 @@ from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ..api import Rockstate
@@ -37,7 +38,7 @@ from .clock import MODES
 from .exactly_once import current_transaction
 from .initial import write_initial_state
 from .microbatch import MicroBatch, Sealing, warn_if_outside_a_stream
-from .partitioning import PARTITION_COLUMN, key_names, route_by_owner, task_of_partition, with_markers, with_partition
+from .partitioning import PARTITION_COLUMN, heartbeat, key_names, route_by_owner, task_of_partition, with_markers, with_partition
 from .processor import StatefulProcessor
 from .task import Plan, TaskRunner, _mode
 
@@ -72,6 +73,7 @@ def transform_with_state(
     watermark_delay: str | int | None = None,
     output_event_time_column: str | None = None,
     initial_state=None,
+    fire_on_idle: bool = False,
 ) -> DataFrame:
     """Run ``processor`` over ``df``'s rows grouped by ``keys``, with its state in a rockstate cluster.
 
@@ -101,7 +103,10 @@ def transform_with_state(
     In event time, ``event_time_column`` and ``watermark_delay`` ("10
     seconds", or ms) say what the operator's watermark follows; by default
     the input's ``withWatermark``. Late rows are dropped (``late_rows``
-    counts them).
+    counts them). ``fire_on_idle``: timers fire in every micro-batch the
+    trigger starts, input or not (a ``rate`` source of one row a second is
+    unioned in; its rows only tell each task its partitions, the processor
+    never sees them).
 
     Exactly once in a streaming query, wherever the operator is built and
     whatever the sink (see ``microbatch``): on the streaming DataFrame, then
@@ -130,17 +135,23 @@ def transform_with_state(
         micro, counters, sealing = MicroBatch(txn.query, txn.batch, ""), txn.counters, None
     event_time_column, delay_ms = _event_time(df, time_mode, event_time_column, watermark_delay)
     assignment = task_of_partition(backend.table.owners, tasks)
+    schemas, ttl = _state_schemas(df.sparkSession, processor, backend.partitions)
     plan = Plan(
         keys=tuple(names), schema=_struct(df.sparkSession, output_schema), max_batch_bytes=max_batch_bytes,
         operator=operator, namespace=namespace, streaming=df.isStreaming,
         task_pids=tuple(tuple(p for p, t in enumerate(assignment) if t == i) for i in range(tasks)),
         time_mode=time_mode, event_time_column=event_time_column, watermark_delay_ms=delay_ms,
-        schemas=_state_schemas(df.sparkSession, processor, backend.partitions),
+        schemas=schemas, ttl=ttl,
         initial_state=None if initial_state is None else write_initial_state(backend, initial_state, names),
         timezone=df.sparkSession.conf.get("spark.sql.session.timeZone"),
     )
     runner = TaskRunner(spec, processor, plan, micro, counters, sealing)
     partitioned = with_partition(df, names, backend.partitions)
+    if fire_on_idle:
+        if not df.isStreaming or time_mode == "none":
+            raise InvalidInputError("fire_on_idle is for timers of a streaming query: a streaming DataFrame and time_mode "
+                                    "'processingtime' or 'eventtime'")
+        partitioned = partitioned.unionByName(heartbeat(df.sparkSession, partitioned.schema, PARTITION_COLUMN))
     if plan.markers:
         partitioned = with_markers(partitioned, PARTITION_COLUMN, backend.partitions, tasks)
     shuffled = route_by_owner(partitioned, PARTITION_COLUMN, backend.table.owners, tasks)
@@ -151,9 +162,29 @@ def transform_with_state(
         return runner(batches)
 
     out = shuffled.mapInArrow(run, plan.schema)
-    if output_event_time_column:  # as Spark's eventTimeColumnName: the watermark carried on by this column
-        out = out.withWatermark(output_event_time_column, "0 seconds")
+    if output_event_time_column:
+        out = _carry_watermark(df, out, output_event_time_column, delay_ms)
     return out
+
+
+def _carry_watermark(df: DataFrame, out: DataFrame, column: str, delay: int) -> DataFrame:
+    """``column`` of the output made the event-time column the query's watermark applies to, as Spark's
+    ``eventTimeColumnName``. Behind the input's ``withWatermark`` (the usual case) Spark forbids a second one, and
+    its operator only moves the watermark's mark to the new column: so does this, through the column's metadata
+    (what ``withWatermark`` puts there). Without one in the input, the output gets ``withWatermark(column, "0 s")``."""
+    if column not in out.columns:
+        raise InvalidInputError(f"output_event_time_column {column!r} is not a column of output_schema; its columns are {out.columns}")
+    if not _watermarks(df):
+        return out.withWatermark(column, "0 seconds")
+    return out.withColumn(column, F.col(column).alias(column, metadata={"spark.watermarkDelayMs": delay}))
+
+
+def _watermarks(df: DataFrame) -> list[tuple[str, str]]:
+    """(column, delay) of every ``withWatermark`` in ``df``'s plan ([] under Spark Connect: no plan on the client)."""
+    try:
+        return _WATERMARK.findall(df._jdf.queryExecution().analyzed().toString())
+    except Exception:
+        return []
 
 
 def _choice(what: str, value: str, allowed: Sequence[str]) -> str:
@@ -188,10 +219,7 @@ def delay_ms(delay: str | int) -> int:
 def _event_time(df: DataFrame, time_mode: str, column: str | None, delay: str | int | None) -> tuple[str | None, int]:
     """The input's event-time column and watermark delay: as given, else from the input's ``withWatermark``."""
     if column is None and delay is None and time_mode == "eventtime":
-        try:
-            found = _WATERMARK.findall(df._jdf.queryExecution().analyzed().toString())
-        except Exception:  # Spark Connect: no plan on the client
-            found = []
+        found = _watermarks(df)
         if found:
             column, delay = found[-1]
     if column is None:
@@ -208,8 +236,9 @@ def _event_time(df: DataFrame, time_mode: str, column: str | None, delay: str | 
     return column, delay_ms(delay or 0)
 
 
-def _state_schemas(session, processor: StatefulProcessor, partitions: int) -> dict[str, T.StructType]:
-    """Every DDL schema the processor's ``init`` asks for, parsed here by the session (tasks have no parser)."""
+def _state_schemas(session, processor: StatefulProcessor, partitions: int) -> tuple[dict[str, T.StructType], bool]:
+    """Every DDL schema the processor's ``init`` asks for, parsed here by the session (tasks have no parser); and
+    whether it asks for a state with a TTL."""
     collector = _SchemaCollector(partitions)
     copy.deepcopy(processor).init(collector)
     parsed = {}
@@ -218,22 +247,22 @@ def _state_schemas(session, processor: StatefulProcessor, partitions: int) -> di
             parsed[ddl] = session.createDataFrame([], ddl).schema
         except Exception as exc:
             raise InvalidInputError(f"state schema {ddl!r} is not a DDL string of fields: {exc}") from None
-    return parsed
+    return parsed, collector.ttl
 
 
 class _SchemaCollector:
     """A stand-in handle for running ``init`` on the driver (as Spark does): notes the DDL strings asked for."""
 
     def __init__(self, partitions: int) -> None:
-        self.partitions, self.ddl = partitions, set()
-
-    def _note(self, *schemas) -> None:
-        self.ddl.update(s for s in schemas if isinstance(s, str))
+        self.partitions, self.ddl, self.ttl = partitions, set(), False
 
     def __getattr__(self, method: str):
         def call(*args, **kwargs):
             if method.endswith("_state"):
-                self._note(*args[1:], *kwargs.values())
+                self.ddl.update(s for s in (*args[1:], *kwargs.values()) if isinstance(s, str))
+                ttl_at = 3 if "map" in method else 2  # get_map_state(name, user_key_schema, value_schema, ttl_duration_ms)
+                ttl = (args[ttl_at] if len(args) > ttl_at else None, kwargs.get("ttl"), kwargs.get("ttl_duration_ms"))
+                self.ttl = self.ttl or any(t is not None for t in ttl)
         return call
 
 

@@ -18,8 +18,9 @@ DataFrame.
 Either way the operator reads state for a whole batch at once and writes it
 back at the end of the batch in one request per owner (see ``batch``): the
 handles never talk to the cluster per key. Per-key map-state reads and
-``list_timers`` are the exceptions: a key's map or timers are scanned (one
-request) the first time the batch reads them.
+``list_timers`` of a processor without ``handle_expired_timer`` are the
+exceptions: a key's map is scanned, its timers read (one request), the first
+time the batch reads them.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from ..serde import decode_value, encode_key, encode_value
 from ..states import Backend, key_list, prepare_keys
 from ..store.catalog import StateSpec, check_name
 from .batch import Batch, KeyedView
+from .client import define_state
 from .clock import now_ms
 from .handles import ListStateHandle, MapStateHandle, StateHandle, ValueStateHandle
 from .timers import TimerView
@@ -142,7 +144,7 @@ class StatefulProcessorHandle:
                 raise StateKindError(f"state {name!r} is already a {handle!r}; it cannot be asked for again as another")
             return handle
         self.deleted.discard(full)
-        handle = self._handles[full] = cls(self, self.backend.define_state(StateSpec(full, cls.kind)), codec)
+        handle = self._handles[full] = cls(self, define_state(self.backend, StateSpec(full, cls.kind)), codec)
         return handle
 
     def record_schemas(self) -> None:
@@ -153,7 +155,7 @@ class StatefulProcessorHandle:
         if not typed:
             return
         backend = self.backend
-        backend.define_state(StateSpec(SCHEMAS, "value"))
+        define_state(backend, StateSpec(SCHEMAS, "value"))
         wanted = {}
         for full, handle in typed.items():
             c = handle.codec
@@ -191,6 +193,17 @@ class StatefulProcessorHandle:
                 check_evolution(state, StructType.fromJson(json.loads(old)), StructType.fromJson(json.loads(now)))
         return True
 
+    @property
+    def ttl_index(self) -> str:
+        """The operator's index by expiry of its TTL states' entries (see ``expiry``), defined on first use."""
+        name = self._full("_ttl") if self.namespace else "_ttl"
+        define_state(self.backend, StateSpec(name, "value"))
+        return name
+
+    def ttl_handles(self) -> dict[str, StateHandle]:
+        """The states with a TTL this run's ``init`` asked for, by full name."""
+        return {full: h for full, h in self._handles.items() if h.codec.ttl_ms is not None and not h.deleted}
+
     # -- timers -------------------------------------------------------------
 
     def _timers(self) -> TimerView:
@@ -201,7 +214,7 @@ class StatefulProcessorHandle:
 
     def define_timers(self) -> None:
         if not self._timers_defined:
-            self.backend.define_state(StateSpec(self.timer_state, "value"))
+            define_state(self.backend, StateSpec(self.timer_state, "value"))
             self._timers_defined = True
 
     def register_timer(self, expiry_timestamp_ms: int) -> None:
@@ -264,8 +277,10 @@ class StatefulProcessorHandle:
     def begin(self, batch: Batch) -> None:
         self._batch, self._last_index = batch, None
 
-    def prefetch(self, keys: list[bytes], pids: np.ndarray) -> None:
-        """Read every value and list state of ``keys`` for the batch: one get_many per state."""
+    def prefetch(self, keys: list[bytes], pids: np.ndarray, timers: bool = False) -> None:
+        """Read every value and list state of ``keys`` for the batch, and their timers if asked: one get_many per state."""
+        if timers:
+            self._timers().prefetch(keys, pids.tolist())
         for name, handle in self._handles.items():
             if handle.deleted:
                 continue

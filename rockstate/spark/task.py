@@ -35,6 +35,7 @@ from ..errors import InvalidInputError, UnsupportedShapeError
 from ..ops import DELETE_PREFIX
 from ..serde import decode_key, encode_keys
 from .batch import Batch, BatchWriter
+from . import expiry
 from .chunks import chunks
 from .client import StateClientSpec, backend_for
 from .clock import TaskClock
@@ -107,11 +108,12 @@ class Plan:
     schemas: dict = field(default_factory=dict)  # DDL strings the processor's init uses, parsed on the driver
     initial_state: tuple[str, tuple[str, ...]] | None = None  # (internal state, columns)
     timezone: str = "UTC"  # the session's, for timestamps handed to pandas
+    ttl: bool = False  # the processor has states with a TTL: each task cleans its partitions' expired entries
 
     @property
     def markers(self) -> bool:
         """Whether every task must learn its partitions, rows or not (see ``partitioning.with_markers``)."""
-        return self.time_mode != "none" or self.initial_state is not None
+        return self.time_mode != "none" or self.initial_state is not None or self.ttl
 
 
 def _mode(processor: object) -> str:
@@ -137,6 +139,8 @@ class TaskRunner:
         self.mode = _mode(processor)
         handler = getattr(processor, self.mode)
         self.takes_timer_values = self.mode == "handle_input_rows" and len(inspect.signature(handler).parameters) >= 3
+        # a per-key processor with timer handlers reads (lists, moves) its keys' timers: read them with their state
+        self.timers = plan.time_mode != "none" and self.mode == "handle_input_rows" and callable(getattr(processor, "handle_expired_timer", None))
 
     @property
     def keys(self) -> list[str]:
@@ -234,7 +238,7 @@ class TaskRunner:
         handler = getattr(self.processor, "handle_initial_state", None)
         if handler is None:
             raise InvalidInputError(f"{type(self.processor).__name__} got an initial_state but has no handle_initial_state")
-        handle.prefetch([k for k, *_ in found], np.array([p for _, p, *_ in found], dtype=np.int64))
+        handle.prefetch([k for k, *_ in found], np.array([p for _, p, *_ in found], dtype=np.int64), self.timers)
         if self.mode == "handle_batch":
             handler(pd.concat([rows for *_, rows in found], ignore_index=True), timer_values)
         else:
@@ -254,7 +258,7 @@ class TaskRunner:
         state_keys = [k[0] for k in key_tuples] if len(self.keys) == 1 else key_tuples
         encoded = encode_keys(state_keys, handle.backend.max_key_bytes)
         pids = firsts.column(PARTITION_COLUMN).to_numpy().astype(np.int64)
-        handle.prefetch(encoded, pids)
+        handle.prefetch(encoded, pids, self.timers)
         rows = self._pandas(table)
         ends = [*starts[1:].tolist(), table.num_rows]
         handler = self.processor.handle_input_rows
@@ -267,7 +271,8 @@ class TaskRunner:
         batch.current = None
 
     def _end(self, handle, batch: Batch, output: Output, pids: list[int], clock: TaskClock, timer_values) -> None:
-        """After the input: fire the expired timers of the task's partitions; keep the event time seen."""
+        """After the input: fire the expired timers of the task's partitions, delete their expired TTL entries;
+        keep the event time seen."""
         bound = clock.timer_bound()
         per_key = getattr(self.processor, "handle_expired_timer", None)
         vectorized = getattr(self.processor, "handle_expired_timers", None)
@@ -282,12 +287,14 @@ class TaskRunner:
                     timers["expiry_time_ms"] = np.array([ms for ms, _, _ in expired], dtype=np.int64)
                     output.add(vectorized(timers, timer_values))
                 else:
-                    handle.prefetch([k for _, k, _ in expired], np.array([p for _, _, p in expired], dtype=np.int64))
+                    handle.prefetch([k for _, k, _ in expired], np.array([p for _, _, p in expired], dtype=np.int64), True)
                     for (ms, key, pid), key_tuple in zip(expired, key_tuples):
                         batch.current = (key, pid)
                         output.add(per_key(key_tuple, timer_values, ExpiredTimerInfo(ms)))
                     batch.current = None
-                view.change([k for _, k, _ in expired], [p for _, _, p in expired], [ms for ms, _, _ in expired], False)
+                view.fire(expired, bound)
+        if pids and handle.ttl_handles():
+            expiry.clean(handle, batch, pids, handle.now_ms())
         clock.record(batch.writer, pids[0] if pids else None)
 
 

@@ -1,12 +1,15 @@
 """Timers per key, kept in the state as an index by time on every partition.
 
 A processor's timers live in one internal state of its operator, on the
-partition of their key, under two entries each::
+partition of their key::
 
-    b"t" + time + key   the index by time: finding what expired is a scan from
-                        the start that stops at the first later timer, so it
-                        costs what expires, not the number of keys
-    b"k" + key + time   the key's own timers (``list_timers``)
+    b"t" + time + key   one entry per timer, the index by time: finding what
+                        expired is a scan from the start that stops at the
+                        first later timer, so it costs what expires, not the
+                        number of keys
+    b"k" + key          one entry per key: its timers' times (``list_timers``),
+                        read with the key's other states in one request per
+                        owner for a whole batch of keys
 
 (``time`` is 8 bytes, big-endian, offset by 2**63 so negative times sort
 first; ``key`` is the key's rockstate encoding, which is prefix-free.)
@@ -28,12 +31,12 @@ import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ..ops import DELETE_MANY, PUT_MANY
+from ..ops import DELETE_MANY, DELETE_RANGE, PUT_MANY
 
 _TIME = struct.Struct(">Q")
 _OFFSET = 1 << 63
 BY_TIME, BY_KEY = b"t", b"k"
-PAGE = 256
+PAGE, MAX_PAGE = 1024, 16384  # index pages grow while they come back full
 
 
 def _time(ms: int) -> bytes:
@@ -42,6 +45,19 @@ def _time(ms: int) -> bytes:
 
 def _ms(data: bytes) -> int:
     return _TIME.unpack(data)[0] - _OFFSET
+
+
+def scan_before(backend, state: str, pid: int, prefix: bytes, stop: bytes) -> list[bytes]:
+    """The committed keys under ``prefix`` below ``stop``, in pages that grow while they come back full."""
+    out, after, page_size = [], None, PAGE
+    while True:
+        page = backend.scan(state, pid, prefix, after, page_size)
+        keys = [k for k, _ in page]
+        kept = [k for k in keys if k < stop]
+        out.extend(kept)
+        if len(kept) < len(keys) or len(page) < page_size:
+            return out
+        after, page_size = keys[-1], min(page_size * 2, MAX_PAGE)
 
 
 class TimerValues:
@@ -79,70 +95,101 @@ class TimerView:
 
     def __init__(self, backend, state: str) -> None:
         self.backend, self.state = backend, state
-        self.overlay: dict[tuple[bytes, int], bool] = {}  # (key, time) -> registered (False: deleted)
+        self.overlay: dict[bytes, dict[int, bool]] = {}  # key -> time -> registered (False: deleted)
         self.pids: dict[bytes, int] = {}
-        self.dirty: set[tuple[bytes, int]] = set()
-        self.listed: dict[bytes, set[int]] = {}  # a key's committed timers, once read
+        self.changed: dict[tuple[bytes, int], bool] = {}  # this round's changes, for the index
+        self.fired: dict[int, int] = {}  # partition -> the bound its timers fired up to in this round
+        self.rewrite: set[bytes] = set()  # keys whose entry this round changes
+        self.times: dict[bytes, set[int]] = {}  # a key's timers as the state holds them, once read
 
     def change(self, keys: Sequence[bytes], pids: Iterable[int], times: Iterable[int], on: bool) -> None:
+        overlay, changed = self.overlay, self.changed
         for key, pid, ms in zip(keys, pids, times):
-            entry = (key, int(ms))
-            self.overlay[entry] = on
+            ms = int(ms)
+            overlay.setdefault(key, {})[ms] = on
+            changed[key, ms] = on
             self.pids[key] = int(pid)
-            self.dirty.add(entry)
+            self.rewrite.add(key)
+
+    def prefetch(self, keys: Sequence[bytes], pids: Iterable[int]) -> None:
+        """Read the timers of the keys not read yet: one ``get_many`` per owner for all of them."""
+        missing: dict[int, list[bytes]] = {}
+        for key, pid in zip(keys, pids):
+            if key not in self.times:
+                missing.setdefault(int(pid), []).append(key)
+                self.times[key] = set()
+        if not missing:
+            return
+        found = self.backend.get_many(self.state, {pid: [BY_KEY + k for k in ks] for pid, ks in missing.items()})
+        for pid, ks in missing.items():
+            for key, data in zip(ks, found[pid]):
+                if data:
+                    self.times[key] = {_ms(data[i:i + 8]) for i in range(0, len(data), 8)}
 
     def list(self, key: bytes, pid: int) -> list[int]:
         """The key's timers, in time order."""
-        if key not in self.listed:
-            prefix, n = BY_KEY + key, len(BY_KEY) + len(key)
-            self.listed[key] = {_ms(k[n:]) for k, _ in self._scan(pid, prefix)}
-        times = set(self.listed[key])
-        for (k, ms), on in self.overlay.items():
-            if k == key:
-                (times.add if on else times.discard)(ms)
+        self.prefetch([key], [pid])
+        times = set(self.times[key])
+        for ms, on in self.overlay.get(key, {}).items():
+            (times.add if on else times.discard)(ms)
         return sorted(times)
 
     def expired(self, pids: Iterable[int], bound: int) -> list[tuple[int, bytes, int]]:
         """(time, key, partition) of every timer at or before ``bound`` on ``pids``, in time order."""
         pids = set(pids)
         found: set[tuple[int, bytes, int]] = set()
+        overlay = self.overlay
         for pid in sorted(pids):
-            for k, _ in self._scan(pid, BY_TIME, stop=bound):
+            for k in scan_before(self.backend, self.state, pid, BY_TIME, BY_TIME + _time(bound + 1)):
                 ms, key = _ms(k[1:9]), k[9:]
-                if self.overlay.get((key, ms), True):
+                if overlay.get(key, {}).get(ms, True):
                     found.add((ms, key, pid))
-        for (key, ms), on in self.overlay.items():
-            if on and ms <= bound and self.pids[key] in pids:
-                found.add((ms, key, self.pids[key]))
+        for key, times in overlay.items():
+            if self.pids[key] in pids:
+                found.update((ms, key, self.pids[key]) for ms, on in times.items() if on and ms <= bound)
         return sorted(found)
 
-    def _scan(self, pid: int, prefix: bytes, stop: int | None = None) -> list[tuple[bytes, bytes]]:
-        """The committed entries under ``prefix``; with ``stop``, index entries up to that time only."""
-        out, after = [], None
-        while True:
-            page = self.backend.scan(self.state, pid, prefix, after, PAGE)
-            if stop is not None:
-                keep = [e for e in page if _ms(e[0][1:9]) <= stop]
-                out.extend(keep)
-                if len(keep) < len(page):
-                    return out
-            else:
-                out.extend(page)
-            if len(page) < PAGE:
-                return out
-            after = page[-1][0]
+    def fire(self, expired: Sequence[tuple[int, bytes, int]], bound: int) -> None:
+        """Delete the timers ``expired(pids, bound)`` gave: each partition's index up to ``bound`` with one range delete."""
+        for ms, key, pid in expired:
+            self.overlay.setdefault(key, {})[ms] = False
+            self.pids[key] = pid
+            self.changed.pop((key, ms), None)  # registered in this round: the range delete covers it
+            self.fired[pid] = bound
+            self.rewrite.add(key)
 
     def finish(self, writer, keep: bool) -> None:
-        """The batch's registrations and deletions as one PUT_MANY and one DELETE_MANY per partition."""
-        puts: dict[int, list[bytes]] = {}
+        """This round's changes: index entries put or deleted, each changed key's entry rewritten (one op per kind and partition)."""
+        if not self.rewrite:
+            return
+        keys = self.rewrite
+        self.prefetch(list(keys), [self.pids[k] for k in keys])
+        puts: dict[int, tuple[list[bytes], list[bytes]]] = {}
         deletes: dict[int, list[bytes]] = {}
-        for key, ms in self.dirty:
-            pid, t = self.pids[key], _time(ms)
-            (puts if self.overlay[key, ms] else deletes).setdefault(pid, []).extend([BY_TIME + t + key, BY_KEY + key + t])
-        for pid, keys in puts.items():
-            writer.add(pid, (PUT_MANY, self.state, keys, [b""] * len(keys)))
-        for pid, keys in deletes.items():
-            writer.add(pid, (DELETE_MANY, self.state, keys, None))
-        self.dirty = set()
-        if not keep:  # the task's later batches read this one's changes from memory (they are staged)
-            self.overlay, self.pids, self.listed = {}, {}, {}
+        for (key, ms), on in self.changed.items():
+            entry = BY_TIME + _time(ms) + key
+            if on:
+                put = puts.setdefault(self.pids[key], ([], []))
+                put[0].append(entry)
+                put[1].append(b"")
+            else:
+                deletes.setdefault(self.pids[key], []).append(entry)
+        for key in keys:
+            times = self.times[key]
+            for ms, on in self.overlay[key].items():
+                (times.add if on else times.discard)(ms)
+            if times:
+                put = puts.setdefault(self.pids[key], ([], []))
+                put[0].append(BY_KEY + key)
+                put[1].append(b"".join(_time(ms) for ms in sorted(times)))
+            else:
+                deletes.setdefault(self.pids[key], []).append(BY_KEY + key)
+        for pid, bound in self.fired.items():  # first: a timer registered after the fire stays
+            writer.add(pid, (DELETE_RANGE, self.state, BY_TIME, BY_TIME + _time(bound + 1)))
+        for pid, entries in deletes.items():
+            writer.add(pid, (DELETE_MANY, self.state, entries, None))
+        for pid, (entries, values) in puts.items():
+            writer.add(pid, (PUT_MANY, self.state, entries, values))
+        self.changed, self.fired, self.rewrite = {}, {}, set()
+        if not keep:  # else the task's later rounds read this one's changes from memory (they are staged, not committed)
+            self.overlay, self.pids, self.times = {}, {}, {}

@@ -172,12 +172,12 @@ def tws(spark):
         spark.conf.unset(k) if v is None else spark.conf.set(k, v)
 
 
-def source(spark, path: str, event_time: bool) -> DataFrame:
+def source(spark, path: str, event_time: bool, delay: str = "10 seconds") -> DataFrame:
     lines = spark.readStream.format("text").option("maxFilesPerTrigger", 1).load(path)
     parts = F.split(lines["value"], ",")
     df = lines.select(parts.getItem(0).cast("string").alias("id"), parts.getItem(1).cast("int").alias("temperature"))
     if event_time:
-        df = df.select("id", F.from_unixtime("temperature").cast("timestamp").alias("eventTime")).withWatermark("eventTime", "10 seconds")
+        df = df.select("id", F.from_unixtime("temperature").cast("timestamp").alias("eventTime")).withWatermark("eventTime", delay)
     return df
 
 
@@ -211,7 +211,8 @@ def run_case(spark, cluster, tmp_path, group: Group, case: Case):
             for row in batch_df.collect():
                 seen[row.engine, batch_id].append(json.loads(row.row))
             if group.pause:  # until `pause` s after the batch's time (rockstate's clock of it), however long the batch took
-                time.sleep(max(0.0, batch_time(cluster, batch_id) / 1000 + group.pause - time.time()))
+                seen["clock", batch_id] = batch_time(cluster, batch_id)
+                time.sleep(max(0.0, seen["clock", batch_id] / 1000 + group.pause - time.time()))
         if batch_id >= len(group.files) - 1:
             done.set()
 
@@ -323,13 +324,23 @@ CASES = [(group, case) for group in GROUPS.values() for case in group.cases]
 
 @pytest.mark.parametrize("group, case", CASES, ids=[case.name for _, case in CASES])
 def test_spark_processors_ported_by_renaming_give_sparks_output_and_state(tws, cluster, rs, tmp_path, group, case):
-    query, seen, chk = run_case(tws, cluster, tmp_path, group, case)
+    for attempt in range(3):
+        (tmp_path / f"run{attempt}").mkdir()
+        query, seen, chk = run_case(tws, cluster, tmp_path / f"run{attempt}", group, case)
+        if not group.pause:
+            times = None
+            break
+        times = [seen["clock", b] for b in range(len(group.files))]
+        # Spark's TTL test relies on its batch 1 starting within the TTL of batch 0; a loaded machine can start it
+        # later (the sink waits `pause` s, then Spark plans the batch): such a run tests nothing, so run again
+        if times[1] - times[0] < tws_processors.TTL_MS:
+            break
     if case.expected is not None:  # Spark's side fails here (SPARK_FAILS): what Spark's own tests expect of it
         columns = {k for expected in case.expected.values() for row in expected for k, _ in row}
         for batch, expected in case.expected.items():
             ours = {tuple(sorted((k, str(v)) for k, v in (case.mask(r) if case.mask else r).items() if k in columns))
                     for r in seen.get(("rockstate", batch), [])}
-            assert ours == expected, f"batch {batch}"
+            assert ours == expected, f"batch {batch} (the batches' processing times: {times})"
         return
     for batch in range(len(group.files)):
         theirs, ours = seen.get(("spark", batch), []), seen.get(("rockstate", batch), [])
@@ -337,3 +348,47 @@ def test_spark_processors_ported_by_renaming_give_sparks_output_and_state(tws, c
     assert any(seen.get(("spark", b)) for b in range(len(group.files))), "Spark gave no output at all"
     theirs = spark_states(tws, chk, 0, len(group.files) - 1)
     assert rockstate_states(rs, query, case, theirs, spark_schemas(tws, chk, 0)) == theirs
+
+
+CHAINED = [["a, 10", "b, 15"], ["a, 11", "c, 25"], ["a, 5"]]
+# What Spark's own test module asserts of Spark for these files (eviction watermark 15 - 5 = 10 in batch 1, 25 - 5 = 20
+# in batch 2; "a, 5" is late in batch 2 and dropped); the live Spark query below must give the same.
+CHAINED_EXPECTED = {0: set(), 1: {("1970-01-01T00:00:10.000Z", 1)}, 2: {("1970-01-01T00:00:11.000Z", 1), ("1970-01-01T00:00:15.000Z", 1)}}
+
+
+def start_alone(out: DataFrame, chk: str, batches: int, seen: dict) -> object:
+    """``out`` as its own streaming query, its rows by batch (the input's batches only) collected into ``seen``."""
+    def collect(batch_df, batch_id):
+        if batch_id < batches:  # no-data batches after the input: not compared (see run_case)
+            seen[batch_id] = [json.loads(r.row) for r in batch_df.select(F.to_json(F.struct(*batch_df.columns)).alias("row")).collect()]
+
+    return out.writeStream.foreachBatch(collect).outputMode("append").option("checkpointLocation", chk).trigger(availableNow=True).start()
+
+
+def test_chaining_an_aggregation_after_the_operator_in_event_time_gives_sparks_output(tws, cluster, tmp_path):
+    """StatefulProcessorChainingOps, Spark's chaining test: the operator's output time column carries the watermark
+    on to a downstream aggregation in append mode. Spark's operator runs live, in its own query over the same files
+    at the same time (in one query with rockstate's, PySpark 4.0.1 fails it, see SPARK_FAILS)."""
+    write_files(tmp_path / "in", CHAINED)
+    outputs, queries = {}, {}
+    for engine in ("rockstate", "spark"):
+        df = source(tws, str(tmp_path / "in"), True, "5 seconds")
+        schema = "id string, outputTimestamp timestamp"
+        if engine == "rockstate":
+            out = transform_with_state(df, "id", PORTED.StatefulProcessorChainingOps(), schema, cluster.address,
+                                       name="chaining", time_mode="eventtime", output_mode="Append",
+                                       output_event_time_column="outputTimestamp")
+        else:
+            out = df.groupBy("id").transformWithStateInPandas(
+                statefulProcessor=tws_processors.StatefulProcessorChainingOps(), outputStructType=schema, outputMode="Append",
+                timeMode="eventTime", eventTimeColumnName="outputTimestamp")
+        outputs[engine] = {}
+        queries[engine] = start_alone(out.groupBy("outputTimestamp").count(), str(tmp_path / f"chk-{engine}"), len(CHAINED),
+                                      outputs[engine])
+    for engine, query in queries.items():
+        assert query.awaitTermination(600), f"{engine}'s query did not finish its input in 600 s (last progress: {query.lastProgress})"
+        assert query.exception() is None, query.exception()
+    for batch, expected in CHAINED_EXPECTED.items():
+        rows = {engine: sorted(json.dumps(r, sort_keys=True) for r in seen.get(batch, [])) for engine, seen in outputs.items()}
+        assert rows["rockstate"] == rows["spark"], f"batch {batch}"
+        assert {(r["outputTimestamp"], r["count"]) for r in outputs["rockstate"].get(batch, [])} == expected, f"batch {batch}"

@@ -16,7 +16,9 @@ from pyspark.sql import types as T
 
 import rockstate
 from rockstate.errors import InvalidValueError, StateSchemaError, TimerModeError
-from rockstate.serde import encode_key
+from rockstate.keys import partition_of
+from rockstate.serde import decode_stream, encode_key
+from rockstate.spark import expiry
 from rockstate.spark.batch import Batch, BatchWriter
 from rockstate.spark.processor import StatefulProcessorHandle
 
@@ -146,6 +148,54 @@ def test_timers_per_key_in_time_order_and_expired_ones_found_by_time(rs):
     handle.finish()
     assert [(ms, k) for ms, k, _ in expired] == [(-5, encode_key(("tuple", 2))), (10, encode_key("a")), (15, encode_key("c")),
                                                   (20, encode_key("b"))]
+    handle.begin(Batch(rs.backend, BatchWriter(rs.backend)))
+    fired = handle.batch("timers").view(handle.timer_state, "timers")
+    expired = fired.expired(range(4), 25)
+    handle.register_timers(["e"], [7])  # registered after the fire, at a time it reached: fires in the next batch
+    fired.fire(expired, 25)
+    handle.finish()  # a new batch fired them as the task does, deleting each
+    listed = {key: on_key(handle, key, lambda: list(handle.list_timers())) for key in ("a", "b", "c", "d", "e", ("tuple", 2))}
+    assert listed == {"a": [], "b": [], "c": [], "d": [99], "e": [7], ("tuple", 2): [40]}
+    handle.begin(Batch(rs.backend, BatchWriter(rs.backend)))
+    assert handle.batch("timers").view(handle.timer_state, "timers").expired(range(4), 99) == [
+        (7, encode_key("e"), partition_of("e", 4)), (40, encode_key(("tuple", 2)), partition_of(("tuple", 2), 4)), (99, encode_key("d"), partition_of("d", 4))]
+    handle.finish()
     untimed = handle_of(rs, "none")
     with pytest.raises(TimerModeError, match="time_mode"):
         on_key(untimed, "a", lambda: untimed.register_timer(5))
+
+
+def test_ttl_cleanup_deletes_what_expired_at_the_end_of_the_batch_as_spark(rs):
+    handle = handle_of(rs)
+    value = handle.get_value_state("v", T.StructType([T.StructField("n", T.LongType())]), ttl_duration_ms=10_000)
+    items = handle.get_list_state("l", None, ttl_duration_ms=10_000)
+    entries = handle.get_map_state("m", None, None, ttl_duration_ms=10_000)
+    plain = handle.get_value_state("kept")  # no TTL: never cleaned
+    for key in ("a", "b", ("tuple", 7)):
+        on_key(handle, key, lambda: (value.update((1,)), items.append_value("old"), entries.update_value("x", 1), plain.update(0)))
+    handle.clock.processing_ms += 6_000
+    on_key(handle, "b", lambda: (value.update((2,)), items.append_value("new"), entries.update_value("y", 2)))
+
+    def clean_at(ms: int) -> int:
+        handle.clock.processing_ms = ms
+        batch = Batch(rs.backend, BatchWriter(rs.backend))
+        handle.begin(batch)
+        deleted = expiry.clean(handle, batch, range(4), ms)
+        handle.finish()
+        return deleted
+
+    def stored(state: str) -> dict:
+        full = handle._full(state)
+        return {k: v for pid in range(4) for k, v in rs.backend.scan(full, pid, b"", None, 1000)}
+
+    start = Clock.processing_ms
+    assert clean_at(start + 9_999) == 0 and len(stored("v")) == 3  # nothing expired yet
+    # 10 s after the first writes: a's and the tuple key's value, list and map entry go; b's value (rewritten at +6 s)
+    # stays, its list keeps the element written at +6 s and its map the entry "y"
+    assert clean_at(start + 10_000) == 3 + 3 + 3 - 1
+    assert set(stored("v")) == {encode_key("b")}
+    assert [decode_stream(v) for v in stored("l").values()] == [[[start + 16_000, "new"]]]
+    assert len(stored("m")) == 1 and len(stored("kept")) == 3
+    assert clean_at(start + 16_000) == 3 and not stored("v") and not stored("l") and not stored("m")
+    assert not [k for pid in range(4) for k in rs.backend.scan(handle.ttl_index, pid, b"", None, 10)]  # the index emptied too
+    assert clean_at(start + 20_000) == 0  # exactly once: nothing is found again
