@@ -152,13 +152,15 @@ def with_markers(df: DataFrame, partition_col: str, partitions: int, tasks: int)
     def mark(batches):
         marked = False
         for batch in batches:
+            beats = pc.equal(batch.column(index), HEARTBEAT)
+            rows = batch.filter(pc.invert(beats)) if pc.any(beats).as_py() else batch
+            if rows.num_rows:
+                yield rows
             if not marked and batch.num_rows:
                 marked = True
-                rows = pa.Table.from_batches([batch.slice(0, 1)] * tasks)
-                ids = pa.array(range(partitions, partitions + tasks), type=rows.schema.field(index).type)
-                yield from rows.set_column(index, partition_col, ids).to_batches()
-            beats = pc.equal(batch.column(index), HEARTBEAT)
-            yield batch.filter(pc.invert(beats)) if pc.any(beats).as_py() else batch
+                copies = pa.Table.from_batches([batch.slice(0, 1)] * tasks)
+                ids = pa.array(range(partitions, partitions + tasks), type=copies.schema.field(index).type)
+                yield from copies.set_column(index, copies.schema.field(index), ids).to_batches()
 
     return df.mapInArrow(mark, df.schema)
 
