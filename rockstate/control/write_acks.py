@@ -84,9 +84,12 @@ class PrimaryAcks:
         return self._advance()
 
     def configure(self, epoch: int, backups: Iterable[str], in_sync: Iterable[str]) -> list[int]:
-        if epoch <= self.epoch:
-            return []
         backups = set(backups)
+        if epoch <= self.epoch:  # a backup dropped without a new epoch was never in sync: stop waiting for it
+            if not self.joining <= backups:
+                self.joining &= backups
+                return self._advance()
+            return []
         self.epoch, self.in_sync = epoch, set(in_sync) & backups  # the primary itself is not waited for
         self.joining = set()  # in sync now, or the report was refused
         self.position = {b: self.position.get(b, 0) for b in backups}

@@ -75,6 +75,20 @@ def test_a_newer_epoch_that_does_not_count_a_reported_backup_ends_the_wait_for_i
     assert acks.overdue(now=100.0, max_lag=1.0) == []
 
 
+def test_a_reported_backup_dropped_without_a_new_epoch_is_not_waited_for():
+    """The coordinator dropped a backup that was not in sync (a re-placement): the table names it no more, at the
+    same replica epoch. Waiting for it would stall the partition for good: nothing is sent to it any more."""
+    acks = PrimaryAcks(epoch=2, positions={})
+    acks.configure(epoch=3, backups=["node-1", "node-2"], in_sync=["node-1"])
+    acks.send(now=0.0)
+    acks.applied("node-1", 1)
+    acks.applied("node-2", 1)
+    assert acks.caught_up("node-2") and acks.waits() == {"node-1", "node-2"}
+    assert acks.send(now=1.0).acknowledged is False and acks.applied("node-1", 2) == []  # node-2 is behind
+    assert acks.configure(epoch=3, backups=["node-1"], in_sync=["node-1"]) == [2]
+    assert acks.waits() == {"node-1"} and acks.send(now=2.0).acknowledged is False and acks.applied("node-1", 3) == [3]
+
+
 def test_a_backup_refuses_an_older_epoch_resends_and_gaps():
     backup = BackupApply(epoch=4, applied=7)
     with pytest.raises(StaleEpochError, match="epoch 3 .* replaced at epoch 4") as info:
