@@ -79,17 +79,16 @@ class PrimaryAcks:
         return Batch(self.last_sent, self.epoch, self.acked >= self.last_sent)
 
     def applied(self, backup: str, seq: int) -> list[int]:
-        if seq > self.position.get(backup, 0):
+        if backup in self.position and seq > self.position[backup]:  # a dropped backup's late answer: ignored
             self.position[backup] = min(seq, self.last_sent)
         return self._advance()
 
     def configure(self, epoch: int, backups: Iterable[str], in_sync: Iterable[str]) -> list[int]:
         backups = set(backups)
-        if epoch <= self.epoch:  # a backup dropped without a new epoch was never in sync: stop waiting for it
-            if not self.joining <= backups:
-                self.joining &= backups
-                return self._advance()
-            return []
+        if epoch <= self.epoch:  # backups added or dropped without a new epoch (none of them in sync)
+            self.position = {b: self.position.get(b, 0) for b in backups | self.in_sync}
+            self.joining &= backups  # a dropped one is waited for no more
+            return self._advance()
         self.epoch, self.in_sync = epoch, set(in_sync) & backups  # the primary itself is not waited for
         self.joining = set()  # in sync now, or the report was refused
         self.position = {b: self.position.get(b, 0) for b in backups}

@@ -87,6 +87,11 @@ def test_a_reported_backup_dropped_without_a_new_epoch_is_not_waited_for():
     assert acks.send(now=1.0).acknowledged is False and acks.applied("node-1", 2) == []  # node-2 is behind
     assert acks.configure(epoch=3, backups=["node-1"], in_sync=["node-1"]) == [2]
     assert acks.waits() == {"node-1"} and acks.send(now=2.0).acknowledged is False and acks.applied("node-1", 3) == [3]
+    acks.applied("node-2", 3)  # an answer to what was sent before the drop: it does not bring node-2 back
+    assert acks.caught_up("node-2") is False and acks.waits() == {"node-1"}
+    assert acks.configure(epoch=3, backups=["node-1", "node-3"], in_sync=["node-1"]) == []  # one added, same epoch
+    acks.applied("node-3", 3)
+    assert acks.caught_up("node-3") and acks.waits() == {"node-1", "node-3"}
 
 
 def test_a_backup_refuses_an_older_epoch_resends_and_gaps():
