@@ -82,6 +82,7 @@ class ReplicaCopies:
     async def _catch_up(self, pid: int, source: str, epoch: int) -> int:
         r = self.r
         r.applies.pop(pid, None)
+        r.logs.pop(pid, None)  # the tail of the copy it drops
         await r.retired(pid)
         r.store.close_partition(pid)  # replace_partitions puts the new copy in its place
         target = os.path.join(r.store.path, "replicas-in", partition_dir(pid))

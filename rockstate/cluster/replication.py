@@ -109,14 +109,15 @@ class NodeReplication:
     def _be_primary(self, pid: int, epoch: int, backups: tuple, in_sync: tuple) -> None:
         acks = self.acks.get(pid)
         if acks is None:  # new, or promoted from backup
-            self.applies.pop(pid, None)
             part = self.store.partition(pid)
             part.backup, seq = False, part.seq()
+            # only a backup's tail is this copy's history (a copy moved or restored in has another node's)
+            tail = [e for e in self.logs.get(pid, ()) if e[0] <= seq] if self.applies.pop(pid, None) else []
             self.acks[pid] = PrimaryAcks(epoch - 1, dict.fromkeys(in_sync, seq), seq, self.table.replication)
             self.acks[pid].configure(epoch, backups, in_sync)  # the backups catching up too
             for b in in_sync:
                 self.sent[b, pid] = seq  # a backup behind answers with its position
-            self.logs[pid] = deque(self.logs.get(pid, ()))  # a backup's tail, unbounded from now on
+            self.logs[pid] = deque(tail)  # unbounded from now on
             self.shipped_to[pid] = seq
             part.shipper = self.shipped
             log.info("primary of partition %d at batch %d, replica epoch %d, backups %s", pid, seq, epoch, list(backups))
@@ -132,6 +133,7 @@ class NodeReplication:
             self.store.partition(pid).shipper = None
         except RockstateError:
             pass
+        self._forget(pid)
         for _, fut in self._waiters.pop(pid, []):
             if not fut.done():
                 fut.set_exception(PartitionUnavailableError(f"partition {pid} has a new primary; retry", partition=pid))
@@ -140,8 +142,16 @@ class NodeReplication:
         if pid in self.applies or pid in self.catching_up:
             self._drop_backup(pid)
 
+    def _forget(self, pid: int) -> None:
+        """The partition's log and positions: another history than the copy this node may hold of it next."""
+        self.logs.pop(pid, None)
+        self.shipped_to.pop(pid, None)
+        for key in [k for k in self.sent if k[1] == pid]:
+            del self.sent[key]
+
     def _drop_backup(self, pid: int) -> None:
         self.applies.pop(pid, None)
+        self.logs.pop(pid, None)
         task = self.catching_up.pop(pid, None)
         if task is not None:
             task.cancel()
@@ -176,7 +186,10 @@ class NodeReplication:
 
     def shipped(self, pid: int, seq: int, stored: list) -> None:
         """From ``Partition.write``, under the partition's lock (on any thread)."""
-        self.logs[pid].append((seq, stored))
+        entries = self.logs.get(pid)
+        if entries is None:
+            return  # it stopped being the primary as this write went through
+        entries.append((seq, stored))
         self.shipped_to[pid] = seq
         if threading.get_ident() == self._loop_thread:
             self._sent(pid)
