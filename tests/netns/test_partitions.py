@@ -92,10 +92,6 @@ def test_a_primary_cut_from_its_backup_goes_on_without_it_and_loses_nothing(tmp_
     assert during, "no write was acknowledged while the backups were cut off"
 
 
-# A known bug, not fixed yet: after the heal, partitions the coordinator moves back to the returned node sometimes
-# stop acknowledging for minutes (1 run of 5 under load, after a first such stall was fixed in write_acks.py), after
-# the fencing and the promotion had passed. Every other run shows the whole behaviour asserted here.
-@pytest.mark.xfail(strict=False, reason="after the heal, writes to a partition moved back to the returned node can stall")
 @pytest.mark.timeout(180)
 def test_a_primary_cut_from_the_coordinator_and_its_backups_is_fenced_before_its_backups_are_promoted(tmp_path, network):
     """node0 is cut from the coordinator and from the other nodes; clients on its own host still reach it,
