@@ -121,7 +121,8 @@ class Demo:
             done.set()
 
         source = spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1).json(self.input_dir)
-        query = (source.writeStream.foreachBatch(exactly_once(sink, client=client, query="cdc-demo"))
+        sink_once = exactly_once(sink, client=client, query="cdc-demo", checkpoint_every=getattr(a, "checkpoint_every", None))
+        query = (source.writeStream.foreachBatch(sink_once)
                  .option("checkpointLocation", os.path.join(self.root, "spark-checkpoint"))
                  .trigger(processingTime="200 milliseconds").start())
         feeder = threading.Thread(target=feed, daemon=True)

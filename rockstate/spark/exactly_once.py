@@ -12,8 +12,9 @@ does better for a ``foreachBatch`` sink; for micro-batch N it:
    restarts, which also scopes the operators' states);
 2. seals N on every partition and takes checkpoint N (when the cluster has
    checkpoint storage and no synchronous backups: with backups the seal,
-   once acknowledged, survives a node's death without a checkpoint), then
-   returns, and only then does Spark commit the batch;
+   once acknowledged, survives a node's death without a checkpoint; then
+   every ``checkpoint_every`` batches, for losing every replica and for
+   savepoints), then returns, and only then does Spark commit the batch;
 3. if a state partition was restored meanwhile (its node died), it came
    back at checkpoint N-1, without N's stage: the wrapper notices the
    ``partition_restored`` event (at any point up to and including
@@ -34,7 +35,7 @@ from typing import Any, Callable
 
 from pyspark.sql import DataFrame
 
-from ..errors import CheckpointsNotConfiguredError, RockstateError
+from ..errors import CheckpointsNotConfiguredError, ConfigError, RockstateError
 from ..keys import partition_of
 from ..serde import decode_value, encode_key, encode_value
 from ..store import PUT, StateSpec
@@ -68,11 +69,14 @@ class ExactlyOnce:
     """The ``foreachBatch`` function returned by ``exactly_once``."""
 
     def __init__(self, sink: Callable[[DataFrame, int], Any], client: object, query: str, *,
-                 checkpoint: bool | None = None, max_attempts: int = 5) -> None:
+                 checkpoint: bool | None = None, checkpoint_every: int | None = None, max_attempts: int = 5) -> None:
         if not isinstance(query, str) or not query:
             raise RockstateError("exactly_once needs query=<a name that stays the same across restarts>")
+        if checkpoint_every is not None and (isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int)
+                                             or checkpoint_every < 1):
+            raise ConfigError(f"exactly_once(checkpoint_every={checkpoint_every!r}): give a number of micro-batches >= 1, or None")
         self.sink, self.spec, self.query = sink, as_spec(client), query
-        self.checkpoint, self.max_attempts = checkpoint, max_attempts
+        self.checkpoint, self.checkpoint_every, self.max_attempts = checkpoint, checkpoint_every, max_attempts
 
     @property
     def backend(self):
@@ -95,7 +99,7 @@ class ExactlyOnce:
                 for operator in txn.operators or [""]:
                     self.backend.seal(self.query, batch_id, operator)
                 sealed = time.monotonic()
-                chk = self._checkpoint()
+                chk = self._checkpoint(batch_id)
                 if not self._restored_since(mark):
                     break
             log.warning("query %s batch %s: state partitions were restored during the batch; running it again", self.query, batch_id)
@@ -116,18 +120,19 @@ class ExactlyOnce:
 
     # -- checkpoint and bookkeeping -----------------------------------------------------
 
-    def _checkpoint(self) -> int | None:
+    def _checkpoint(self, batch_id: int) -> int | None:
         """Checkpoint N, retried while it fails for a passing reason (a storage error aborted it).
 
         Returning without it would let Spark commit batch N while a node death
         could still take the state back before N, beyond what a re-run repairs.
         """
-        if not per_batch_checkpoint(self.backend, self.checkpoint):
+        every = self.checkpoint_every
+        if not per_batch_checkpoint(self.backend, self.checkpoint) and not (every and batch_id % every == 0):
             return None
         try:
             return take_checkpoint(self.backend)
         except CheckpointsNotConfiguredError:
-            self.checkpoint = False
+            self.checkpoint, self.checkpoint_every = False, None
             log.warning("query %s: the cluster has no checkpoint storage; a node death will lose state", self.query)
             return None
 
@@ -148,16 +153,21 @@ class ExactlyOnce:
 
 
 def exactly_once(sink: Callable[[DataFrame, int], Any], *, client: object, query: str,
-                 checkpoint: bool | None = None) -> ExactlyOnce:
+                 checkpoint: bool | None = None, checkpoint_every: int | None = None) -> ExactlyOnce:
     """Wrap a ``foreachBatch`` sink so the query's state changes exactly once per micro-batch (see the module doc).
 
     ``query``: a name that identifies the query across restarts (like its
     checkpoint location). ``checkpoint``: take checkpoint N after committing
     batch N. Needed to survive a state node's death without backups; None
     (the default): only when the cluster has no synchronous backups (with
-    them a node's death loses no acknowledged commit).
+    them a node's death loses no acknowledged commit). ``checkpoint_every``:
+    when that per-batch checkpoint is off, take one after every this many
+    micro-batches all the same (batch ids divisible by it): the point to
+    restore to if every replica of a partition is lost, and a savepoint;
+    None (the default): none (the coordinator's periodic checkpoints, if
+    configured, remain).
     """
-    return ExactlyOnce(sink, client, query, checkpoint=checkpoint)
+    return ExactlyOnce(sink, client, query, checkpoint=checkpoint, checkpoint_every=checkpoint_every)
 
 
 class ParquetSink:

@@ -8,11 +8,15 @@ While the exactly-once pipeline materializes the CDC stream, a chaos thread
 carries out a schedule drawn from the seed — per round, in a random order:
 SIGKILL of a state node and later its restart, a node added, a node removed
 gracefully, and the coordinator SIGKILLed and restarted after a pause — each
-a random delay after a random micro-batch. With ``--ha`` there are three
-coordinators on ZooKeeper, and the one killed is the leader (a standby takes
-over; the killed one comes back as a standby). Meanwhile every checkpoint
-storage operation of every process may fail or slow down
-(``faults.FaultyFileSystem``: ``faulty::file://...``, ``faulty::s3://...``).
+a random delay after a random micro-batch. With backups (the default, one
+per partition) a node's death promotes them and the pipeline checkpoints
+every ``--checkpoint-every`` batches; with ``--backup-count 0`` it
+checkpoints every batch and a death restores and re-runs the batch. With
+``--ha`` there are three coordinators on ZooKeeper, and the one killed is the
+leader (a standby takes over; the killed one comes back as a standby).
+Meanwhile every checkpoint storage operation of every process may fail or
+slow down (``faults.FaultyFileSystem``: ``faulty::file://...``,
+``faulty::s3://...``).
 
 It then checks the output against a fault-free reference, the same
 processor over the same files on an embedded store: every micro-batch's
@@ -124,7 +128,9 @@ class ChaosRun(Demo):
 
     def run(self) -> int:
         a = self.args
-        self.console.print(f"chaos seed {a.seed}: {len(self.schedule)} actions over {a.files} micro-batches; checkpoints in {a.storage}, where "
+        backups = "coordinator's default" if a.backup_count is None else a.backup_count
+        self.console.print(f"chaos seed {a.seed}: {len(self.schedule)} actions over {a.files} micro-batches; backups per partition: "
+                           f"{backups}; checkpoints in {a.storage}, where "
                            f"{a.error_rate:.1%} of operations fail, {a.latency_rate:.0%} wait up to {a.latency * 1000:.0f} ms")
         for action in self.schedule:
             self.console.print(f"  after batch {action.after_batch} + {action.delay:.2f}s: {action.kind}"
@@ -232,8 +238,8 @@ class ChaosRun(Demo):
             injected.add_row(f"storage {what}: {n}")
         self.console.print(injected)
         seen = ", ".join(f"{name} {self.events[name]}" for name in (
-            "member_dead", "partition_restored", "failover_retry", "migration_finished", "coordinator_resumed", "coordinator_elected",
-            "checkpoint_completed", "checkpoint_aborted") if self.events.get(name))
+            "member_dead", "primary_promoted", "promotion_failed", "partition_restored", "failover_retry", "migration_finished",
+            "coordinator_resumed", "coordinator_elected", "checkpoint_completed", "checkpoint_aborted") if self.events.get(name))
         self.console.print(f"cluster events: {seen}")
         for what, passed in self.checks:
             self.console.print(f"verified: {what}: " + ("[green]yes[/]" if passed else "[bold red]NO[/]"))
@@ -264,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1, help="rounds of the five actions per run (default 1)")
     parser.add_argument("--nodes", type=int, default=3, help="state nodes to start with (default 3)")
     parser.add_argument("--backup-count", type=int, default=None, help="backups per partition (default: the coordinator's, 1)")
+    parser.add_argument("--checkpoint-every", type=int, default=2,
+                        help="with backups, a checkpoint after every this many micro-batches (default 2; without backups: every one)")
     parser.add_argument("--error-rate", type=float, default=0.001, help="share of storage operations that fail (default 0.001)")
     parser.add_argument("--latency-rate", type=float, default=0.1, help="share of storage operations slowed down (default 0.1)")
     parser.add_argument("--latency", type=float, default=0.05, help="longest injected storage latency, seconds (default 0.05)")

@@ -11,6 +11,7 @@ from pyspark import TaskContext, cloudpickle
 from pyspark.errors import StreamingQueryException
 
 from rockstate import LocalCluster
+from rockstate.errors import ConfigError
 from rockstate.spark import ExactlyOnce, ParquetSink, StatefulProcessor, StateClientSpec, exactly_once, transform_with_state
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import the tests
@@ -128,7 +129,7 @@ def durable_cluster(request, tmp_path):
     """Without backups a dead node's partitions come back from the latest checkpoint (the batch rewinds);
     with one synchronous backup they are promoted with nothing lost."""
     with LocalCluster(nodes=3, partitions=6, root=str(tmp_path / "cluster"), checkpoints=f"file://{tmp_path}/chk-store",
-                      heartbeat_timeout=1.0, backup_count=request.param) as c:
+                      heartbeat_timeout=2.0, backup_count=request.param) as c:
         yield c
 
 
@@ -145,14 +146,29 @@ def test_a_state_node_killed_mid_query_gives_exact_output(spark, durable_cluster
             durable_cluster.kill_node(victim.node_id)  # SIGKILL, before the batch commits
             killed.append(victim.node_id)
 
-    assert run(spark, tmp_path, exactly_once(sink, client=client, query="durable")) is None
+    assert run(spark, tmp_path, exactly_once(sink, client=client, query="durable", checkpoint_every=2)) is None
     assert killed
     events_seen = durable_cluster.status()["events"]
     taken_over = [e for e in events_seen if e["event"] in ("partition_restored", "primary_promoted")]
     assert taken_over and all(e["previous"] == killed[0] for e in taken_over)
-    expected = "primary_promoted" if durable_cluster.status()["backup_count"] else "partition_restored"
+    status = durable_cluster.status()
+    expected = "primary_promoted" if status["backup_count"] else "partition_restored"
     assert {e["event"] for e in taken_over} == {expected}
+    # with backups only every second batch is checkpointed (checkpoint_every=2); without, every one (the record of
+    # the batch before the kill may be gone: the bookkeeping is state too, restored to the checkpoint before it)
+    record = next(r for r in status["pipelines"] if r["query"] == "durable")
+    checkpointed = {b["batch"]: b["checkpoint"] is not None for b in record["batches"]}
+    if status["backup_count"]:
+        assert checkpointed == {0: True, 1: False, 2: True, 3: False}, record
+    else:
+        assert all(checkpointed.values()) and {0, FILES - 1} <= set(checkpointed), record
     pd.testing.assert_frame_equal(read_output(spark, tmp_path / "out"), expected_output(events), check_dtype=False)
     totals = events.groupby("user").size()
     with durable_cluster.connect() as rs:
         assert rs.value_state("durable.FlakyCount.eo-durable").get_many(totals.index) == totals.tolist()
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_checkpoint_every_must_be_a_count_of_micro_batches(bad):
+    with pytest.raises(ConfigError, match="checkpoint_every"):
+        exactly_once(print, client="127.0.0.1:7700", query="q", checkpoint_every=bad)
