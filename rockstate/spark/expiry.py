@@ -24,14 +24,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..ops import DELETE_MANY, PUT_MANY
-from .timers import _time, scan_before
+from .timers import scan_before, time_key
 
 _LEN = struct.Struct(">H")
 
 
 def entry(expiry: int, state: str, key: bytes, user_key: bytes = b"") -> bytes:
     name = state.encode()
-    return _time(expiry) + _LEN.pack(len(name)) + name + _LEN.pack(len(key)) + key + user_key
+    return time_key(expiry) + _LEN.pack(len(name)) + name + _LEN.pack(len(key)) + key + user_key
 
 
 def parse(data: bytes) -> tuple[str, bytes, bytes]:
@@ -58,7 +58,7 @@ def clean(handle, batch, pids: Sequence[int], now: int) -> int:
     found: dict[str, list[tuple[bytes, bytes, int]]] = {}
     seen: dict[int, list[bytes]] = {}
     for pid in pids:
-        for data in scan_before(handle.backend, index, pid, b"", _time(now + 1)):
+        for data in scan_before(handle.backend, index, pid, b"", time_key(now + 1)):
             state, key, user_key = parse(data)
             found.setdefault(state, []).append((key, user_key, pid))
             seen.setdefault(pid, []).append(data)

@@ -121,6 +121,9 @@ def transform_with_state(
     _mode(processor)
     time_mode = _choice("time_mode", time_mode, MODES)
     _choice("output_mode", output_mode, ("append", "update"))
+    if fire_on_idle and (not df.isStreaming or time_mode == "none"):
+        raise InvalidInputError("fire_on_idle is for timers of a streaming query: a streaming DataFrame and time_mode "
+                                "'processingtime' or 'eventtime'")
     spec = as_spec(client)
     txn = current_transaction()  # set by exactly_once around its sink
     backend = client.backend if isinstance(client, Rockstate) else backend_for(spec)
@@ -148,9 +151,6 @@ def transform_with_state(
     runner = TaskRunner(spec, processor, plan, micro, counters, sealing)
     partitioned = with_partition(df, names, backend.partitions)
     if fire_on_idle:
-        if not df.isStreaming or time_mode == "none":
-            raise InvalidInputError("fire_on_idle is for timers of a streaming query: a streaming DataFrame and time_mode "
-                                    "'processingtime' or 'eventtime'")
         partitioned = partitioned.unionByName(heartbeat(df.sparkSession, partitioned.schema, PARTITION_COLUMN))
     if plan.markers:
         partitioned = with_markers(partitioned, PARTITION_COLUMN, backend.partitions, tasks)
@@ -168,10 +168,11 @@ def transform_with_state(
 
 
 def _carry_watermark(df: DataFrame, out: DataFrame, column: str, delay: int) -> DataFrame:
-    """``column`` of the output made the event-time column the query's watermark applies to, as Spark's
-    ``eventTimeColumnName``. Behind the input's ``withWatermark`` (the usual case) Spark forbids a second one, and
-    its operator only moves the watermark's mark to the new column: so does this, through the column's metadata
-    (what ``withWatermark`` puts there). Without one in the input, the output gets ``withWatermark(column, "0 s")``."""
+    """The output with ``column`` as the column the query's watermark applies to, as Spark's ``eventTimeColumnName``.
+
+    Behind the input's ``withWatermark`` (the usual case) Spark forbids a second one, and its own operator only
+    moves the watermark's mark to the new column: so does this, through the column's metadata (what
+    ``withWatermark`` puts there). Without one in the input, the output gets ``withWatermark(column, "0 seconds")``."""
     if column not in out.columns:
         raise InvalidInputError(f"output_event_time_column {column!r} is not a column of output_schema; its columns are {out.columns}")
     if not _watermarks(df):

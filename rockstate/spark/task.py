@@ -34,8 +34,8 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from ..errors import InvalidInputError, UnsupportedShapeError
 from ..ops import DELETE_PREFIX
 from ..serde import decode_key, encode_keys
-from .batch import Batch, BatchWriter
 from . import expiry
+from .batch import Batch, BatchWriter
 from .chunks import chunks
 from .client import StateClientSpec, backend_for
 from .clock import TaskClock
@@ -140,7 +140,8 @@ class TaskRunner:
         handler = getattr(processor, self.mode)
         self.takes_timer_values = self.mode == "handle_input_rows" and len(inspect.signature(handler).parameters) >= 3
         # a per-key processor with timer handlers reads (lists, moves) its keys' timers: read them with their state
-        self.timers = plan.time_mode != "none" and self.mode == "handle_input_rows" and callable(getattr(processor, "handle_expired_timer", None))
+        self.timers = (plan.time_mode != "none" and self.mode == "handle_input_rows"
+                       and callable(getattr(processor, "handle_expired_timer", None)))
 
     @property
     def keys(self) -> list[str]:

@@ -39,7 +39,8 @@ BY_TIME, BY_KEY = b"t", b"k"
 PAGE, MAX_PAGE = 1024, 16384  # index pages grow while they come back full
 
 
-def _time(ms: int) -> bytes:
+def time_key(ms: int) -> bytes:
+    """A time in ms as 8 bytes that sort as the times do (negative ones first)."""
     return _TIME.pack(int(ms) + _OFFSET)
 
 
@@ -140,7 +141,7 @@ class TimerView:
         found: set[tuple[int, bytes, int]] = set()
         overlay = self.overlay
         for pid in sorted(pids):
-            for k in scan_before(self.backend, self.state, pid, BY_TIME, BY_TIME + _time(bound + 1)):
+            for k in scan_before(self.backend, self.state, pid, BY_TIME, BY_TIME + time_key(bound + 1)):
                 ms, key = _ms(k[1:9]), k[9:]
                 if overlay.get(key, {}).get(ms, True):
                     found.add((ms, key, pid))
@@ -167,7 +168,7 @@ class TimerView:
         puts: dict[int, tuple[list[bytes], list[bytes]]] = {}
         deletes: dict[int, list[bytes]] = {}
         for (key, ms), on in self.changed.items():
-            entry = BY_TIME + _time(ms) + key
+            entry = BY_TIME + time_key(ms) + key
             if on:
                 put = puts.setdefault(self.pids[key], ([], []))
                 put[0].append(entry)
@@ -181,11 +182,11 @@ class TimerView:
             if times:
                 put = puts.setdefault(self.pids[key], ([], []))
                 put[0].append(BY_KEY + key)
-                put[1].append(b"".join(_time(ms) for ms in sorted(times)))
+                put[1].append(b"".join(time_key(ms) for ms in sorted(times)))
             else:
                 deletes.setdefault(self.pids[key], []).append(BY_KEY + key)
         for pid, bound in self.fired.items():  # first: a timer registered after the fire stays
-            writer.add(pid, (DELETE_RANGE, self.state, BY_TIME, BY_TIME + _time(bound + 1)))
+            writer.add(pid, (DELETE_RANGE, self.state, BY_TIME, BY_TIME + time_key(bound + 1)))
         for pid, entries in deletes.items():
             writer.add(pid, (DELETE_MANY, self.state, entries, None))
         for pid, (entries, values) in puts.items():
