@@ -28,6 +28,9 @@ def spark():
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "1000")  # many Arrow batches per task
+        # a Python worker's connection back to the JVM (Spark's transformWithStateInPandas state server): 15 s by
+        # default, which a loaded machine exceeds ("Python worker failed to connect back")
+        .config("spark.python.authenticate.socketTimeout", "120s")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

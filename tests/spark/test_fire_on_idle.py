@@ -13,7 +13,7 @@ from rockstate.spark import StatefulProcessor, transform_with_state
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import the tests
 
-GAP_MS = 3_000
+GAP_MS = 1_000
 
 
 class Sessions(StatefulProcessor):
