@@ -23,7 +23,7 @@ from ..checkpoint.storage import CheckpointStorage
 from ..config import CheckpointConfig
 from ..errors import CheckpointStorageError
 from ..retry import Retry
-from ..rpc.client import AsyncChannel
+from ..rpc.async_client import AsyncChannel
 from ..store import StateSpec
 from . import protocol as p
 

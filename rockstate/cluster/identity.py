@@ -16,7 +16,7 @@ from __future__ import annotations
 import socket
 
 from ..errors import ConfigError, NodeIdInUseError, RockstateError
-from ..rpc.client import AsyncChannel
+from ..rpc.async_client import AsyncChannel
 from . import protocol as p
 
 WILDCARDS = frozenset({"", "0.0.0.0", "::", "[::]"})

@@ -16,7 +16,8 @@ from __future__ import annotations
 from typing import Any, Callable, Generic, TypeVar
 
 from ..errors import ConfigError, ConnectionLostError, NotLeaderError, RockstateError
-from ..rpc.client import AsyncChannel, Channel
+from ..rpc.async_client import AsyncChannel
+from ..rpc.client import Channel
 
 ZK = "zk://"
 

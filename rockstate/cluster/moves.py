@@ -31,7 +31,7 @@ from typing import Awaitable, Callable
 
 from ..control.migration import Migration, Step
 from ..errors import ClusterError, RockstateError
-from ..rpc.client import AsyncChannel
+from ..rpc.async_client import AsyncChannel
 from ..store import Store
 from ..store.store import partition_dir
 from . import protocol as p

@@ -31,7 +31,7 @@ from ..config import CheckpointConfig, NodeConfig
 from ..errors import CheckpointsNotConfiguredError, RockstateError, UnknownNodeError
 from ..files import read_json, write_json
 from ..retry import Retry
-from ..rpc.client import AsyncChannel
+from ..rpc.async_client import AsyncChannel
 from ..rpc.server import Server
 from ..store import StateSpec, Store
 from . import datadir, protocol as p

@@ -9,7 +9,7 @@ from typing import Iterable
 
 from ..control.membership import Member
 from ..errors import ClusterError
-from ..rpc.client import AsyncChannel
+from ..rpc.async_client import AsyncChannel
 from .security import Security
 
 log = logging.getLogger(__name__)

@@ -37,7 +37,7 @@ from typing import Awaitable, Callable
 
 from ..control.write_acks import BackupApply, PrimaryAcks
 from ..errors import PartitionUnavailableError, ReplicaBehindError, RockstateError, StaleEpochError
-from ..rpc.client import AsyncChannel
+from ..rpc.async_client import AsyncChannel
 from ..store import Store
 from ..ops import RAW_PUT
 from ..store.partition import REPLICATION

@@ -5,7 +5,8 @@ them with a ``Server`` per role; clients call them through ``Channel``
 (blocking), ``call_many`` (one round trip to several servers) or ``AsyncChannel``.
 """
 
-from .client import AsyncChannel, Channel, call_many
+from .async_client import AsyncChannel
+from .client import Channel, call_many
 from .frames import MAX_FRAME
 from .messages import PROTOCOL_VERSION, Message
 from .server import Connection, Server

@@ -8,13 +8,20 @@ import asyncio
 import threading
 import time
 
+from typing import Any
+
 import pytest
 
 from rockstate.errors import RockstateError
-from rockstate.rpc.client import UNACKNOWLEDGED_MS, AsyncChannel
+from rockstate.rpc.async_client import UNACKNOWLEDGED_MS, AsyncChannel
 from rockstate.rpc.server import Server
 from rockstate.testing import netns
-from tests.rpc.support import Echo
+from rockstate.rpc.messages import Message
+
+
+class Echo(Message):
+    op = "test.netns.echo"  # its own: tests/rpc registers "test.echo", and a message's op is taken once per process
+    value: Any
 
 
 class LoopOn(threading.Thread):

@@ -1,0 +1,133 @@
+"""The asyncio client, ``AsyncChannel``: server-to-server calls (errors and timeouts as ``client.py`` says)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import socket
+import ssl as _ssl
+from typing import Any
+
+from rockstate.errors import ProtocolError, RockstateError, StoreClosedError
+
+from . import auth
+from .client import REPLY_GRACE, _hello, _transport_error, _welcomed, split_address
+from .frames import GREETING_TIMEOUT, MAGIC, MAX_FRAME, encode, read_frame, read_greeting, write_frame
+from .messages import Challenge, Message, parse_reply, request
+
+# A server-to-server connection whose data has gone unacknowledged this long is dead: the kernel drops it, and
+# the next call reconnects. Without it, after a cut link heals, calls queue behind data TCP resends only when its
+# backed-off retransmission timer fires (seconds to minutes later). A slow server's kernel still acknowledges.
+UNACKNOWLEDGED_MS = 5000
+
+
+class AsyncChannel:
+    """asyncio client of one server, for server-to-server calls.
+
+    One connection carries any number of concurrent calls, matched to their
+    replies by id. After the connection fails, the next call reconnects.
+    """
+
+    def __init__(self, address: str, *, timeout: float = 10.0, ssl: _ssl.SSLContext | None = None,
+                 secret: auth.Secret | None = None, name: str = "client", max_frame: int = MAX_FRAME) -> None:
+        self.address, self.timeout, self.name = address, timeout, name
+        self._ssl, self._secret, self._max_frame = ssl, secret, max_frame
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task | None = None
+        self._replies: dict[int, asyncio.Future] = {}
+        self._ids = itertools.count(1)
+        self._connecting = asyncio.Lock()
+        self._closed = False
+
+    async def call(self, msg: Message, timeout: float | None = None) -> Any:
+        """Send ``msg`` and return the server's result, or raise its error."""
+        timeout = self.timeout if timeout is None else timeout
+        writer = await self._connected(timeout)
+        rid = next(self._ids)
+        frame = encode(request(rid, msg, timeout), self._max_frame)
+        reply = self._replies[rid] = asyncio.get_running_loop().create_future()
+        try:
+            writer.write(frame)
+            async with asyncio.timeout(timeout + REPLY_GRACE):
+                await writer.drain()
+                result = await reply
+        except OSError as e:  # the reader fails pending replies when the connection drops
+            raise _transport_error(self.address, e, timeout) from e
+        finally:
+            del self._replies[rid]
+        if isinstance(result, BaseException):  # a server error, or the reader's news of a lost connection
+            raise result
+        return result
+
+    async def _connected(self, timeout: float) -> asyncio.StreamWriter:
+        async with self._connecting:
+            if self._closed:
+                raise StoreClosedError(f"the channel to {self.address} is closed")
+            if self._writer is None:
+                await self._connect(timeout)
+            return self._writer  # type: ignore[return-value]
+
+    async def _connect(self, timeout: float) -> None:
+        host, port = split_address(self.address)
+        writer = None
+        try:
+            async with asyncio.timeout(timeout):
+                reader, writer = await asyncio.open_connection(host, port, ssl=self._ssl)
+                writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, UNACKNOWLEDGED_MS)
+                writer.write(MAGIC)
+                reply = await self._handshake_step(reader, writer, _hello(self.name), greeting=min(timeout, GREETING_TIMEOUT))
+                if isinstance(reply, Challenge):
+                    reply = await self._handshake_step(reader, writer, auth.answer(self._secret, reply))
+                _welcomed(reply)
+        except BaseException as e:
+            if writer is not None:
+                writer.close()
+            error = _transport_error(self.address, e, timeout)
+            if error is e:
+                raise
+            raise error from e
+        self._writer = writer
+        self._reader_task = asyncio.create_task(self._read_replies(reader, writer))
+
+    async def _handshake_step(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                              msg: Message, greeting: float | None = None) -> Any:
+        await write_frame(writer, request(0, msg, None), self._max_frame)
+        if greeting is not None:
+            await read_greeting(reader, self.address, greeting)
+        _, result = parse_reply(await read_frame(reader, self._max_frame))
+        if isinstance(result, RockstateError):
+            raise result
+        return result
+
+    async def _read_replies(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                rid, result = parse_reply(await read_frame(reader, self._max_frame))
+                if rid is None:  # an error about the whole connection: the server closes it
+                    raise result if isinstance(result, RockstateError) else ProtocolError(f"bad reply {result!r}")
+                reply = self._replies.get(rid)
+                if reply is not None and not reply.done():
+                    reply.set_result(result)
+        except Exception as e:
+            self._disconnect(writer, _transport_error(self.address, e, self.timeout))
+
+    def _disconnect(self, writer: asyncio.StreamWriter, error: BaseException) -> None:
+        writer.close()
+        if self._writer is writer:
+            self._writer = None
+        for reply in self._replies.values():
+            if not reply.done():
+                reply.set_result(error)  # call() raises it
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._writer is not None:
+            self._disconnect(self._writer, StoreClosedError(f"the channel to {self.address} is closed"))
+            self._reader_task.cancel()  # type: ignore[union-attr]
+            await asyncio.wait([self._reader_task])  # type: ignore[list-item]
+
+    async def __aenter__(self) -> AsyncChannel:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
