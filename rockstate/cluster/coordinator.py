@@ -27,7 +27,7 @@ from ..control import placement
 from ..control.leadership import CoordinatorRole
 from ..control.membership import Membership, MemberStatus
 from ..control.migration import Migration
-from ..errors import CheckpointsNotConfiguredError, PartitionUnavailableError, RockstateError
+from ..errors import CheckpointsNotConfiguredError, RockstateError
 from ..files import write_json
 from ..retry import Retry
 from ..rpc.server import Server
@@ -37,8 +37,8 @@ from . import datadir, protocol as p
 from .answers import ClusterAnswers
 from .checkpointing import ClusterCheckpoints
 from .election import Election
-from .identity import refuse_takeover
 from .leading import Leading
+from .members import MemberHandlers
 from .metrics import CoordinatorMetrics
 from .moves import run_move
 from .peers import Peer, Peers
@@ -64,10 +64,9 @@ class _NotYet(Exception):
 
 
 FAILOVER_RETRY = Retry(deadline=None, initial=0.2, maximum=5.0, retry_on=lambda e: isinstance(e, _NotYet))  # until it is done
-LEAVE_ROUNDS = 3  # rebalances a graceful leave runs until the leaving node holds no primary
 
 
-class Coordinator(ClusterAnswers, Leading):
+class Coordinator(ClusterAnswers, MemberHandlers, Leading):
     def __init__(self, config: CoordinatorConfig) -> None:
         self.config = config
         self.data_dir = os.path.abspath(config.data_dir)
@@ -252,75 +251,6 @@ class Coordinator(ClusterAnswers, Leading):
             await self._rebalance()  # the promoted primaries spread out again
 
     # -- membership ------------------------------------------------------------
-
-    async def register(self, msg: p.Register, conn) -> dict:
-        if msg.node_id in self.members:
-            await refuse_takeover(self.members[msg.node_id], msg.address, self.security)
-        node_id, joined = self.membership.register(msg.node_id, msg.address, time.monotonic())
-        if msg.zone:
-            self.replicas.zones[node_id] = msg.zone
-        self.event("member_joined" if joined else "member_returned", node=node_id, address=msg.address)
-        if self.membership.addresses() != self.table.addresses:
-            self.table = self.table.with_addresses(self.membership.addresses())
-        await self._save()
-        self._spawn(self.replicas.returned(node_id))  # restarted before its partitions got a new primary: they are its again
-        self._spawn(self._rebalance())
-        return {
-            "node_id": node_id,
-            "partitions": self.table.partitions,
-            "table": self.table.to_wire(),
-            "states": [s.to_dict() for s in self.specs.values()],
-            "limits": self._limits(),
-            "heartbeat_timeout": self.config.heartbeat_timeout,  # the node's lease is half of it
-            "checkpoints": self.checkpoint_config.model_dump() if self.checkpoints else None,
-        }
-
-    def _limits(self) -> dict:
-        return {"max_key_bytes": self.config.max_key_bytes, "max_value_bytes": self.config.max_value_bytes}
-
-    async def heartbeat(self, msg: p.Heartbeat, conn) -> int:
-        if self.membership.heartbeat(msg.node_id, time.monotonic()):
-            # it was cut off, not gone: partitions restored elsewhere meanwhile stay there
-            member = self.membership[msg.node_id]
-            self.event("member_returned", node=member.node_id, address=member.address)
-            await self._save()
-            self._spawn(self._welcome_back(member.node_id))
-        return self.table.epoch
-
-    async def _welcome_back(self, node_id: str) -> None:
-        """A node back from being cut off learns the current table (it drops what was restored elsewhere), then gets its share."""
-        async with self.table_lock:
-            await self.peer(node_id).rpc(self.security).call(p.ApplyTable(table=self.table.to_wire()))
-        await self.replicas.returned(node_id)
-        await self._rebalance()
-
-    async def leave(self, msg: p.Leave, conn) -> dict:
-        if not self.membership.leave(msg.node_id):  # nobody to take its partitions: they wait on its disk for its return
-            self.event("member_stopped", node=msg.node_id, reason="last node; partitions stay on its disk")
-            await self._save()
-            return {"moved": 0}
-        moved = 0
-        try:
-            for _ in range(LEAVE_ROUNDS):  # a partition promoted to it meanwhile (a backup of a dead primary) moves too
-                moved += await self._rebalance()
-                if not self._holds_primaries(msg.node_id):
-                    break
-            else:
-                raise PartitionUnavailableError(f"{msg.node_id} was still given partitions after {LEAVE_ROUNDS} rounds of moves")
-        except (RockstateError, OSError) as e:
-            # it exits all the same: what did not move goes to its backups or the checkpoint, as for a death
-            self.membership.leave_failed(msg.node_id)
-            await self._declare_dead(msg.node_id, reason=f"its partitions could not all move off it: {e}")
-            raise
-        self.membership.left(msg.node_id)
-        self.event("member_left", node=msg.node_id)
-        await self._save()
-        # its backup copies go with it: left in an in-sync set, primaries would wait for it and a promotion would ask it
-        await self.replicas.members_dead([msg.node_id])
-        return {"moved": moved}
-
-    def _holds_primaries(self, node_id: str) -> bool:
-        return node_id in self.table.owners or (self.replicas.enabled and node_id in self.replicas.owners())
 
     # -- the table -----------------------------------------------------------
 

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from ..api import Rockstate
 from ..config import CoordinatorConfig, NodeConfig, SecurityConfig
-from ..errors import ClusterError, ConfigError
+from ..errors import ClusterError, ConfigError, RockstateError
 from ..files import read_json
 from .client import ClusterBackend, connect
 from .runners import START_TIMEOUT, NodeInfo, ProcessRunner, ThreadRunner, wait_until
@@ -175,13 +175,24 @@ class LocalCluster:
         finally:
             backend.close()
 
+    def _status_now(self) -> dict | None:
+        """The status, or None when the coordinator did not answer in time (a loaded machine): asked again."""
+        try:
+            return self.status()
+        except RockstateError as e:
+            if e.retryable:
+                return None
+            raise
+
     def wait_balanced(self, timeout: float = START_TIMEOUT) -> dict:
         """Wait until every partition is owned by a live node and the table is balanced."""
 
         seen: list = []
 
         def balanced():
-            status = self.status()
+            status = self._status_now()
+            if status is None:
+                return None
             seen[:] = [(n["node_id"], n["status"], n["partitions"]) for n in status["nodes"]]
             alive = [n for n in status["nodes"] if n["status"] == "alive"]
             counts = [n["partitions"] for n in alive]
@@ -200,7 +211,9 @@ class LocalCluster:
         short: list = []
 
         def replicated():
-            status = self.status()
+            status = self._status_now()
+            if status is None:
+                return None
             alive = {n["node_id"] for n in status["nodes"] if n["status"] == "alive"}
             wanted = min(status["backup_count"], len(alive) - 1)
             short[:] = [r for r in status["replicas"] if r["primary"] not in alive or len(r["backups"]) != wanted or not all(
