@@ -30,12 +30,13 @@ class Workload:
     a few keys and recording every one in ``history``. Written values are unique.
 
     Several workloads may share a history: ``first`` numbers this one's processes after another's.
-    ``enter``: called first in each client thread (to move it into a network namespace, say)."""
+    ``enter``: called first in each client thread (to move it into a network namespace, say); ``timeout``: each
+    client's retry and request timeout."""
 
     def __init__(self, cluster, history: History, keys: list, threads: int = 6, seed: int = 0, first: int = 0,
-                 enter: Callable[[], None] | None = None) -> None:
+                 enter: Callable[[], None] | None = None, timeout: float = 10.0) -> None:
         self.cluster, self.history, self.keys = cluster, history, keys
-        self.first, self.enter = first, enter
+        self.first, self.enter, self.timeout = first, enter, timeout
         self.done = [0] * threads
         self.errors: list[BaseException] = []
         self._stop = threading.Event()
@@ -47,7 +48,7 @@ class Workload:
             if self.enter is not None:
                 self.enter()
             process = self.first + index
-            with self.cluster.connect(retry_timeout=10.0, timeout=10.0) as rs:
+            with self.cluster.connect(retry_timeout=self.timeout, timeout=self.timeout) as rs:
                 state = rs.value_state("register")
                 seen: dict = {}
                 serial = 0
