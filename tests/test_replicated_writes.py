@@ -36,3 +36,23 @@ def test_a_backup_applying_the_shipped_batches_holds_the_same_bytes(tmp_path):
     reopened = Store(str(tmp_path / "backup"), StoreConfig(partitions=1))
     assert reopened.partition(0).seq() == 5  # the position survives a restart: it is in the same WriteBatch
     reopened.close()
+
+
+def test_a_shipped_batch_is_weighed_by_its_keys_and_values(tmp_path):
+    """The sender caps each ReplicaApply by this weight: an append ships the list as it stands, so a long list's
+    batches are heavy (uncounted, 2,000 of them once made a 380 MB frame the backup could never take)."""
+    from rockstate.cluster.replication import stored_bytes
+
+    store = Store(str(tmp_path / "primary"), StoreConfig(partitions=1))
+    store.define_state(StateSpec("journal", "list"))
+    store.define_state(StateSpec("orders", "value"))
+    part = store.partition(0)
+    shipped = []
+    part.shipper = lambda pid, seq, stored: shipped.append(stored)
+    entry = b'{"n": 1, "at": "2026-11-23T15:00:00Z"}'
+    for _ in range(500):
+        part.write([(APPEND, "journal", b"writer-0", entry)])
+    part.write([(PUT_MANY, "orders", [f"order-{i:06d}".encode() for i in range(100)], [b"x" * 200] * 100)])
+    assert stored_bytes(shipped[-2]) > 500 * len(entry)  # the whole list, as stored
+    assert 100 * 212 < stored_bytes(shipped[-1]) < 100 * 212 + 2000
+    store.close()

@@ -54,6 +54,19 @@ MAX_ITEMS = 2000  # batches per ReplicaApply
 INLINE_ITEMS = 64  # a backup applies up to this many on its loop, more in a thread
 
 
+def stored_bytes(stored: list) -> int:
+    """Roughly what a stored batch weighs on the wire: its keys and values (a list's items too)."""
+    size = 0
+    for op in stored:
+        for part in op[2:]:
+            if isinstance(part, (bytes, bytearray, memoryview)):
+                size += len(part)
+            elif isinstance(part, (list, tuple)):
+                size += sum(len(x) for x in part if x is not None) + 8 * len(part)
+        size += 32
+    return size
+
+
 class NodeReplication:
     def __init__(self, store_of: Callable[[], Store], node_id: Callable[[], str], peer: Callable[[str], AsyncChannel],
                  report: Callable[[list], Awaitable[None]], owns: Callable[[int], bool],
@@ -275,9 +288,11 @@ class NodeReplication:
             if entries is None:
                 self._report(pid, node, "unreachable")  # too far behind: it catches up anew
                 continue
-            for seq, stored in entries[:MAX_ITEMS]:
+            for seq, stored in entries:
+                if items and (size > MAX_ITEMS_BYTES or len(items) >= MAX_ITEMS):
+                    break  # the rest next time (a backup applies a partition's batches in order)
                 items.append([pid, acks.epoch, seq, stored])
-                size += 64 + sum(len(op[2]) * 16 for op in stored if isinstance(op[2], list))
+                size += stored_bytes(stored)
             if not entries and node not in acks.waits():
                 items.append([pid, acks.epoch, 0, None])  # a probe: is its copy open, is it caught up?
         self._trim(pids)
