@@ -62,7 +62,14 @@ def refused() -> str | None:
     done = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
     if done.returncode:
         return f"the kernel refused a network namespace: {done.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    try:  # cuts are iptables rules inside a namespace: a kernel without netfilter refuses them
+        rules = subprocess.run(["ip", "netns", "exec", name, "iptables", "-L", "-n"], capture_output=True, text=True)
+    except FileNotFoundError:
+        return "iptables is not installed: scripts/setup.sh installs it"
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    if rules.returncode:
+        return f"the kernel refused iptables rules in a network namespace: {rules.stderr.strip()}"
     return None
 
 
