@@ -106,7 +106,7 @@ def prepare_keys(keys: Any, partitions: int, limit: int, column: list | None = N
         return encode_keys(column, limit, columns), keyhash.partitions_of_columns(columns, partitions)
     encoded = encode_keys(column, limit)
     if len(types) == 1 and types <= {str, bytes}:  # ids, UUIDs: hashed straight from their encodings
-        return encoded, keyhash.partitions_of_packed(encoded, partitions)
+        return encoded, keyhash.partitions_of_packed(encoded, partitions, column)
     return encoded, keyhash.partitions_of_columns([_as_column(keys, column)], partitions)
 
 

@@ -100,6 +100,10 @@ class ClusterBackend:
     def _routed(self, groups: dict[int, Any], make: Callable[[int, list], p.Write | p.Read],
                 address_of: Callable[[Table, int], str | None] = Table.owner_address) -> dict[int, Any]:
         """Send each partition's group to its owner (or ``address_of``), one request per node; retry what failed."""
+        if len(groups) == 1:  # one partition (a one-key call): no grouping by owner
+            [(pid, group)] = groups.items()
+            answer = self._on_owner(pid, lambda channel, epoch: channel.call(make(epoch, [[pid, group]])), address_of)
+            return {pid: None if answer is None else answer[0]}
         results: dict[int, Any] = {}
         pending = dict(groups)
 
@@ -187,12 +191,13 @@ class ClusterBackend:
         return self._on_owner(pid, lambda channel, epoch: channel.call(
             p.CompareAndSet(epoch=epoch, groups=[[pid, [state, key, expected, new]]], request=request))[0])
 
-    def _on_owner(self, pid: int, call: Callable[[Channel, int], Any]) -> Any:
-        """``call(channel to pid's owner, table epoch)``, retried on NOT_OWNER, a moving partition or a
-        lost connection (refreshing the table) until ``retry_timeout``."""
+    def _on_owner(self, pid: int, call: Callable[[Channel, int], Any],
+                  address_of: Callable[[Table, int], str | None] = Table.owner_address) -> Any:
+        """``call(channel to pid's owner (or ``address_of``), table epoch)``, retried on NOT_OWNER, a moving
+        partition or a lost connection (refreshing the table) until ``retry_timeout``."""
         def attempt() -> Any:
             table = self.table
-            address = table.owner_address(pid)
+            address = address_of(table, pid)
             if address is None:
                 raise PartitionUnavailableError(f"partition {pid} has no live owner", partition=pid)
             return call(self._channel(address), table.epoch)

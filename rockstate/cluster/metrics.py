@@ -14,11 +14,14 @@ import os
 import re
 import shutil
 import time
+from bisect import bisect_left
 from functools import wraps
-from typing import TYPE_CHECKING
+from itertools import accumulate
+from typing import TYPE_CHECKING, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector, ProcessCollector, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 from prometheus_client.exposition import start_http_server
 
 from . import protocol as p
@@ -98,16 +101,53 @@ class NodeCollector:
         yield GaugeMetricFamily("rockstate_node_disk_free_bytes", "Free bytes of the data directory's file system", disk["free_bytes"])
 
 
+class RequestFigures:
+    """Requests' latency by operation and the keys read and written, counted in plain Python numbers.
+
+    A request's one observation is a bisect and two additions: prometheus_client's
+    ``Histogram.observe`` and ``Counter.inc``, with their locks, took ~5 µs, a third of
+    a one-key read's handling. Exported when scraped, as the histogram
+    ``rockstate_node_request_seconds`` (its ``_count``: the successes) and the counters
+    ``rockstate_node_keys_read_total`` / ``_written_total``. Counted on the event loop's
+    thread; a scrape, from another thread, may see a request's count before its sum.
+    """
+
+    def __init__(self, buckets: tuple[float, ...] = LATENCY_BUCKETS) -> None:
+        self.buckets = buckets
+        self.counts: dict[str, list[int]] = {}  # op -> requests per bucket (the last: above every bound)
+        self.sums: dict[str, float] = {}
+        self.keys_read = self.keys_written = 0
+
+    def recorder(self, op: str) -> Callable[[float], None]:
+        """``observe(seconds)`` of one successful ``op`` request."""
+        counts = self.counts.setdefault(op, [0] * (len(self.buckets) + 1))
+        sums, buckets = self.sums, self.buckets
+        sums.setdefault(op, 0.0)
+
+        def observe(seconds: float) -> None:
+            counts[bisect_left(buckets, seconds)] += 1  # a bucket's bound is inclusive: le
+            sums[op] += seconds
+
+        return observe
+
+    def collect(self):
+        latency = HistogramMetricFamily("rockstate_node_request_seconds", "Latency of successful requests, by operation", labels=["op"])
+        bounds = [*map(floatToGoString, self.buckets), "+Inf"]
+        for op, counts in list(self.counts.items()):
+            latency.add_metric([op], list(zip(bounds, accumulate(counts))), self.sums[op])
+        yield latency
+        yield CounterMetricFamily("rockstate_node_keys_written", "Keys written (puts and deletes)", self.keys_written)
+        yield CounterMetricFamily("rockstate_node_keys_read", "Keys read", self.keys_read)
+
+
 class NodeMetrics:
     def __init__(self, node: Node | None = None) -> None:
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, process_cpu_seconds_total, open fds...
         PlatformCollector(registry=self.registry)
-        # one observation per request on the hot path: the histogram's _count is the successes
         self.failures = Counter("rockstate_node_request_failures", "Requests that failed, by operation", ["op"], registry=self.registry)
-        self.latency = Histogram("rockstate_node_request_seconds", "Latency of successful requests, by operation", ["op"], buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.keys_written = Counter("rockstate_node_keys_written", "Keys written (puts and deletes)", registry=self.registry)
-        self.keys_read = Counter("rockstate_node_keys_read", "Keys read", registry=self.registry)
+        self.requests = RequestFigures()  # on the hot path: latency, keys read and written
+        self.registry.register(self.requests)
         self.partitions = Gauge("rockstate_node_partitions", "Partitions owned", registry=self.registry)
         self.node = node
         if node is not None:
@@ -129,7 +169,7 @@ class NodeMetrics:
         return {cls: self._wrap(cls.op, handler) for cls, handler in handlers.items()}
 
     def _wrap(self, op: str, handler):
-        observe, failed = self.latency.labels(op).observe, self.failures.labels(op)
+        observe, failed = self.requests.recorder(op), self.failures.labels(op)
 
         @wraps(handler)
         async def timed(msg, conn):

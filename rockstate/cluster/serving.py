@@ -48,7 +48,7 @@ class DataHandlers:
         groups = await self._writable(msg)
         for (_, ops), applied in zip(groups, self.store.write_groups(groups, msg.request)):
             if applied:
-                self.metrics.keys_written.inc(sum(len(op[2]) if op[0] in (PUT_MANY, DELETE_MANY) else 1 for op in ops))
+                self.metrics.requests.keys_written += sum(len(op[2]) if op[0] in (PUT_MANY, DELETE_MANY) else 1 for op in ops)
         await self.acknowledged([pid for pid, _ in groups])
 
     async def compare_and_set(self, msg: p.CompareAndSet, conn) -> list:
@@ -68,7 +68,7 @@ class DataHandlers:
         for pid, keys in groups:
             if type(keys) is not list:
                 raise ProtocolError(f"keys of partition {pid} in a 'read' message must be a list of bytes, not {type(keys).__name__}")
-        self.metrics.keys_read.inc(sum(len(keys) for _, keys in groups))
+        self.metrics.requests.keys_read += sum(len(keys) for _, keys in groups)
         try:
             return [self.store.get_many(pid, msg.state, keys) for pid, keys in groups]
         except (KeyError, TypeError, ValueError) as e:

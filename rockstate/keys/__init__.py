@@ -19,7 +19,9 @@ leaves the running hash unchanged. Per column type (Spark's
 
 ``hashUnsafeBytes`` is not standard Murmur3 (nor ``mmh3``): after the 4-byte
 little-endian blocks, each of the 0..3 tail bytes is sign-extended and mixed
-as a block of its own, instead of being packed into one last word.
+as a block of its own, instead of being packed into one last word. Without
+tail bytes the two agree, so keys whose length is a multiple of 4 (UUIDs,
+most fixed-width ids) are hashed by ``mmh3`` in C.
 
 Python keys map to Spark types as: bool -> boolean, int -> bigint (must fit
 in signed 64 bits), float -> double, str -> string, bytes/bytearray ->

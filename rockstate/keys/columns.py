@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from itertools import repeat
 
+import mmh3
 import numpy as np
 
 from ..codecs import micros_since_epoch
@@ -149,16 +151,35 @@ _HEADER[0xA0:0xC0] = 1
 _HEADER[[0xD9, 0xDA, 0xDB, 0xC4, 0xC5, 0xC6]] = [2, 3, 5, 2, 3, 5]
 
 
-def partitions_of_packed(packed: list[bytes], partitions: int) -> np.ndarray:
+def partitions_of_packed(packed: list[bytes], partitions: int, keys: list | None = None) -> np.ndarray:
     """``partitions_of`` of keys given by their msgpack encodings (rockstate's stored form), every one
-    a str or bytes: hashed straight from the encodings, no decoding."""
+    a str or bytes: hashed straight from the encodings, no decoding. ``keys``: the same keys as given
+    (all str or all bytes), hashed in C when none has a tail (see ``_untailed_hashes``)."""
     _check_partitions(partitions)
+    hashed = None if keys is None else _untailed_hashes(keys)
+    if hashed is not None:
+        return _pmod(hashed.view(np.uint32), partitions)
     starts, lengths, data = _pack(packed)
     header = _HEADER[data[starts]] if len(packed) else starts
     if not header.all():
         raise InvalidInputError("partitions_of_packed takes msgpack-encoded str or bytes keys only")
     h = _v_hash_bytes((starts + header, lengths - header, data), np.full(len(packed), SEED, dtype=np.uint32))
     return _pmod(h, partitions)
+
+
+def _untailed_hashes(keys: list) -> np.ndarray | None:
+    """Spark's hash (int32) of every key of a list of str (ASCII) or of bytes whose lengths are all multiples
+    of 4 (UUIDs, most fixed-width ids), by mmh3: without tail bytes standard Murmur3 is Spark's
+    hashUnsafeBytes. None for any other list."""
+    kinds = set(map(type, keys))
+    if kinds == {str}:
+        if not "".join(keys).isascii():  # else a key's length in characters is not its UTF-8 length
+            return None
+    elif kinds != {bytes}:
+        return None
+    if any(n & 3 for n in set(map(len, keys))):
+        return None
+    return np.fromiter(map(mmh3.hash, keys, repeat(SEED)), np.int32, len(keys))
 
 
 def _kind_of(t: type):

@@ -7,6 +7,7 @@ import struct
 import uuid
 from decimal import Decimal
 
+import mmh3
 import numpy as np
 
 from ..codecs import EPOCH_DATE, micros_since_epoch, pythonic
@@ -50,6 +51,8 @@ def _hash_long(v: int, h: int) -> int:
 
 def _hash_bytes(b: bytes, h: int) -> int:
     n = len(b)
+    if not n & 3:  # no tail: standard Murmur3 (mmh3, in C) is Spark's hashUnsafeBytes
+        return mmh3.hash(b, h, signed=False)
     aligned = n & ~3
     for k in struct.unpack_from(f"<{aligned >> 2}I", b):  # _mix inlined: a string key's hash is most of a one-key call's
         k = (k * _C1) & _M32
@@ -165,6 +168,8 @@ def spark_hash(key) -> int:
     if type(key) is int and _INT64_MIN <= key <= _INT64_MAX:  # fast paths for the commonest keys
         return _signed(_hash_long(key, SEED))
     if type(key) is str:
+        if key.isascii() and not len(key) & 3:  # ids, UUIDs: no tail, mmh3 hashes the UTF-8 bytes as Spark does
+            return mmh3.hash(key, SEED)
         return _signed(_hash_bytes(key.encode("utf-8"), SEED))
     return _signed(_hash_key(key))
 

@@ -30,6 +30,7 @@ PROTOCOL_VERSION = 2  # 2: connections open with the greeting (frames.MAGIC)
 
 _NATIVE = (int, str, bytes, bool, float, list, dict, types.NoneType)
 _registry: dict[str, type[Message]] = {}
+_UNKNOWN = object()  # what ``_types.get`` answers for a field the message does not have
 
 
 def _wire_types(hint: Any) -> tuple[type, ...] | None:
@@ -89,15 +90,16 @@ class Message:
             raise UnknownOperationError(f"unknown operation {op!r}", op=op)
         if not issubclass(found, cls):
             raise ProtocolError(f"expected a {cls.op!r} message, got {op!r}", op=op)
-        fields = {name: value for name, value in wire.items() if name != "op"}
-        missing = found._required - fields.keys()
-        if missing:
-            name = min(missing)
+        fields = dict(wire)
+        del fields["op"]
+        if not found._required <= fields.keys():
+            name = min(found._required - fields.keys())
             raise ProtocolError(f"{op!r} message lacks field {name!r}", op=op, field=name)
+        types = found._types
         for name, value in fields.items():
-            if name not in found._types:
+            allowed = types.get(name, _UNKNOWN)
+            if allowed is _UNKNOWN:
                 raise ProtocolError(f"{op!r} message has unknown field {name!r}", op=op, field=name)
-            allowed = found._types[name]
             if allowed is not None and type(value) not in allowed:
                 raise ProtocolError(
                     f"field {name!r} of {op!r} message must be {' or '.join(t.__name__ for t in allowed)},"

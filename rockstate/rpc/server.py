@@ -299,7 +299,6 @@ class _Serving(asyncio.Protocol):
 
     def _request(self, rid: int, wire: dict, deadline: float | None) -> None:
         server = self._server
-        loop = asyncio.get_running_loop()
         if wire.get("op") in server._inline:
             handling = server._handle(self._conn, rid, wire, None)  # type: ignore[arg-type]
             try:
@@ -307,11 +306,12 @@ class _Serving(asyncio.Protocol):
             except StopIteration as done:  # answered without waiting: the common case
                 self._write(done.value)
                 return
-            task = self._waiting = loop.create_task(_carried_on(handling, waits_on))
+            # (the loop is asked for only here: asyncio.get_running_loop() costs a getpid() system call)
+            task = self._waiting = asyncio.get_running_loop().create_task(_carried_on(handling, waits_on))
             task.add_done_callback(self._inline_answered)
             self._pause_reading_if_needed()
         else:
-            task = loop.create_task(server._handle(self._conn, rid, wire, deadline))  # type: ignore[arg-type]
+            task = asyncio.get_running_loop().create_task(server._handle(self._conn, rid, wire, deadline))  # type: ignore[arg-type]
             task.add_done_callback(self._answered)
         server._requests.add(task)
 

@@ -316,7 +316,8 @@ class Partition:
         return self._family(state).get(key)
 
     def get_many(self, state: str, keys: list[bytes]) -> list[bytes | None]:
-        values = self._family(state).get(keys)
+        family = self._family(state)
+        values = [family.get(keys[0])] if len(keys) == 1 else family.get(keys)  # one key: a third of a multi-get's cost
         if self._ttl_ms(state) is None:
             return values
         now = now_ms()

@@ -112,3 +112,27 @@ def test_every_metric_the_dashboard_names_is_exported(scraped):
     assert not missing, f"the dashboard names metrics nobody exports: {sorted(missing)}"
     documented = OPERATIONS.read_text()
     assert not [m for m in used if m.startswith("rockstate_") and re.sub(r"_(total|bucket|sum|count)$", "", m) not in documented]
+
+
+def test_request_figures_export_a_prometheus_histogram_and_counters():
+    """The node's hot-path figures (plain numbers, see RequestFigures) read as the histogram and counters they replace."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from rockstate.cluster.metrics import RequestFigures
+
+    figures, registry = RequestFigures((0.001, 0.01)), CollectorRegistry()
+    registry.register(figures)
+    read, write = figures.recorder("read"), figures.recorder("write")
+    for seconds in (0.0005, 0.001, 0.002, 3.0):  # 0.001 is in the le="0.001" bucket: bounds are inclusive
+        read(seconds)
+    figures.keys_read += 7
+    names = exported(generate_latest(registry).decode())
+    assert names['rockstate_node_request_seconds_bucket{le="0.001",op="read"}'] == 2
+    assert names['rockstate_node_request_seconds_bucket{le="0.01",op="read"}'] == 3
+    assert names['rockstate_node_request_seconds_bucket{le="+Inf",op="read"}'] == 4
+    assert names['rockstate_node_request_seconds_count{op="read"}'] == 4
+    assert names['rockstate_node_request_seconds_sum{op="read"}'] == pytest.approx(3.0035)
+    assert names['rockstate_node_request_seconds_count{op="write"}'] == 0  # every served op is exported from the start
+    assert names["rockstate_node_keys_read_total"] == 7 and names["rockstate_node_keys_written_total"] == 0
+    write(0.1)
+    assert exported(generate_latest(registry).decode())['rockstate_node_request_seconds_count{op="write"}'] == 1
