@@ -9,6 +9,7 @@ one bad item writes nothing.
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Protocol
 
 import numpy as np
@@ -223,12 +224,15 @@ class ValueState(_State):
         """Values of ``keys`` (any sequence or array: list, numpy, pandas, Arrow), in their order."""
         encoded, pids = prepare_keys(keys, self._P, self._backend.max_key_bytes)
         order, groups = group_by_partition(pids)
+        if len(groups) == 1:  # one partition: the keys as they are, no reordering
+            return decode_values(self._backend.get_many(self.name, {groups[0][0]: encoded})[groups[0][0]], default)
         take = encoded.__getitem__
         idx = order.tolist()
         found = self._backend.get_many(self.name, {pid: list(map(take, idx[a:b])) for pid, a, b in groups})
-        flat = np.empty(len(encoded), dtype=object)
-        flat[order] = [v for pid, _, _ in groups for v in found[pid]]
-        return decode_values(flat.tolist(), default)
+        grouped = list(chain.from_iterable(found[pid] for pid, _, _ in groups))  # in partition order
+        where = np.empty(len(idx), dtype=np.int64)
+        where[order] = np.arange(len(idx))  # key i's value is grouped[where[i]]
+        return decode_values(list(map(grouped.__getitem__, where.tolist())), default)
 
     def put_many(self, items: Any, values: Any = None) -> None:
         """``put_many(mapping)``, ``put_many(pairs)`` or ``put_many(keys, values)`` (see ``batch_columns``)."""
@@ -244,6 +248,9 @@ class ValueState(_State):
         if not encoded:
             return
         order, groups = group_by_partition(pids)
+        if len(groups) == 1:  # one partition: the columns as they are
+            self._backend.write({groups[0][0]: [(op, self.name, encoded, values)]})
+            return
         idx = order.tolist()
         by_pid = {}
         for pid, a, b in groups:

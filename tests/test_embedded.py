@@ -1,7 +1,9 @@
 """Embedded mode: the client API over a real on-disk store."""
 
+import datetime as dt
 import threading
 import time
+import uuid
 
 import pytest
 
@@ -17,6 +19,7 @@ from rockstate.errors import (
     StoreClosedError,
     StoreLockedError,
 )
+from rockstate.keys import partition_of
 
 
 @pytest.fixture
@@ -283,3 +286,21 @@ def test_concurrent_writers_lose_nothing(rs):
 def test_partition_of_is_exposed(rs):
     assert rs.partition_of(42) == rockstate.partition_of(42, 8)
     assert 0 <= rs.partition_of(("a", 1)) < 8
+
+
+@pytest.mark.parametrize("partitions", [1, 8])
+def test_batches_keep_the_callers_order_whatever_partitions_they_span(tmp_path, partitions):
+    """get_many answers in the keys' order, absent keys as the default, whether a batch spans partitions or
+    falls in one (then it goes as it is, unsorted); delete_many likewise."""
+    keys = [str(uuid.UUID(int=i * 7919)) for i in range(40)] + [("tenant-7", i) for i in range(10)] \
+        + [dt.datetime(2026, 11, 23, 12, i) for i in range(10)]
+    with rockstate.open(str(tmp_path / "db"), partitions=partitions) as rs:
+        s = rs.value_state("s")
+        s.put_many(keys[::2], [{"i": i, "at": dt.date(2026, 1, 1 + i % 28)} for i in range(0, len(keys), 2)])
+        want = [{"i": i, "at": dt.date(2026, 1, 1 + i % 28)} if i % 2 == 0 else "absent" for i in range(len(keys))]
+        assert s.get_many(keys, default="absent") == want
+        first = [k for k in keys if partition_of(k, partitions) == partition_of(keys[0], partitions)]
+        assert len(first) >= 5
+        assert s.get_many(first[::-1], default="absent") == [want[keys.index(k)] for k in first[::-1]]
+        s.delete_many(first)
+        assert s.get_many(keys, default="absent") == ["absent" if k in first else w for k, w in zip(keys, want)]

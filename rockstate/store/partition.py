@@ -25,6 +25,8 @@ import shutil
 import struct
 import threading
 import time
+from collections import deque
+from itertools import repeat
 from typing import Callable, Iterator, Sequence
 
 from rocksdict import BlockBasedOptions, Cache, Checkpoint, DataBlockIndexType, Options, Rdict, WriteBatch, WriteBufferManager
@@ -40,6 +42,12 @@ __all__ = ["APPEND", "DELETE", "DELETE_MANY", "DELETE_PREFIX", "DELETE_RANGE", "
 _EXPIRY = struct.Struct(">Q")
 _SEQ = struct.Struct(">Q")
 REPLICATION, SEQ_KEY = "_replication", b"seq"  # the last replicated batch this copy holds
+
+
+def _each(call: Callable, *columns) -> None:
+    """``call`` on each row of the columns, in a C loop: rocksdict's WriteBatch has no bulk put, and a Python
+    loop's own work was a fifth of 1,000 puts' time (218 -> 173 µs)."""
+    deque(map(call, *columns), maxlen=0)
 
 
 def now_ms() -> int:
@@ -253,14 +261,11 @@ class Partition:
             as_stored = (op, state, key, value)
             if op == PUT_MANY:
                 values = [header + v for v in value] if header else value
-                put = batch.put
-                for k, v in zip(key, values):
-                    put(k, v, handle)
+                _each(batch.put, key, values, repeat(handle))
                 self._track(pending, state, key, value)
                 as_stored = (RAW_PUT_MANY, state, key, values)
             elif op == DELETE_MANY:
-                for k in key:
-                    batch.delete(k, handle)
+                _each(batch.delete, key, repeat(handle))
                 self._track(pending, state, key, [None] * len(key))
             elif op == PUT:
                 batch.put(key, header + value if header else value, handle)
@@ -278,9 +283,7 @@ class Partition:
                 batch.put(key, value, handle)
                 self._track(pending, state, [key], [value[8:] if header and value is not None else value])
             elif op == RAW_PUT_MANY:  # a backup applying its primary's batch
-                put = batch.put
-                for k, v in zip(key, value):
-                    put(k, v, handle)
+                _each(batch.put, key, value, repeat(handle))
             elif op == DELETE_RANGE:
                 batch.delete_range(key, value, handle)
             elif op == DELETE_PREFIX:
