@@ -154,6 +154,9 @@ class ChaosRun(Demo):
         thread.start()
         try:
             super().stream(spark, cluster, events, progress)
+        except BaseException:
+            self._print_timeline(cluster, progress)
+            raise
         finally:
             thread.join(WAIT)
         if self.error is not None:
@@ -200,6 +203,20 @@ class ChaosRun(Demo):
         return f"SIGKILL {'the leading ' if self.args.ha else ''}coordinator, restarted after {action.pause:.2f}s"
 
     # -- what happened, and the verdict ------------------------------------------------
+
+    def _print_timeline(self, cluster, progress) -> None:
+        """A failed run names what the control plane did: the events beside the injected actions."""
+        try:
+            with cluster.connect() as rs:
+                events = rs.backend.events()
+        except Exception as exc:  # the run's own error matters more
+            progress.console.print(f"(no cluster events: {exc})")
+            return
+        for e in events:
+            if e["event"] not in ("checkpoint_completed", "checkpoint_aborted", "checkpoint_started"):
+                when = time.strftime("%H:%M:%S", time.localtime(e["time"]))
+                progress.console.print(f"  event {when} {e['event']} "
+                                       + " ".join(f"{k}={v}" for k, v in e.items() if k not in ("event", "time", "seq")))
 
     def collect(self, cluster) -> None:
         with cluster.connect() as rs:  # the coordinator keeps the last 1000 events, across its restarts
