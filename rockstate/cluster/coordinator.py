@@ -26,7 +26,7 @@ from ..config import CheckpointConfig, CoordinatorConfig
 from ..control import placement
 from ..control.leadership import CoordinatorRole
 from ..control.membership import Membership, MemberStatus
-from ..control.migration import Migration
+from ..control.migration import Handover, Migration
 from ..errors import CheckpointsNotConfiguredError, RockstateError
 from ..files import write_json
 from ..retry import Retry
@@ -40,6 +40,7 @@ from .election import Election
 from .leading import Leading
 from .members import MemberHandlers
 from .metrics import CoordinatorMetrics
+from .handover import run_handover
 from .moves import run_move
 from .peers import Peer, Peers
 from .persistence import DataDirectory, ZooKeeperDocuments
@@ -325,7 +326,11 @@ class Coordinator(ClusterAnswers, MemberHandlers, Leading):
         return [(self.peer(o), pids) for o, pids in placement.by_owner(self.table.owners, self.membership.statuses())]
 
     async def _move(self, move: placement.Move) -> None:
-        """Move a partition (moves.py); writes to it wait only from the freeze to the new table."""
+        """Move a partition (moves.py; with backups, handover.py); writes to it wait only from the freeze to the new table."""
+        if self.replicas.enabled and self.membership.serving(move.source) and move.source == self.replicas.sets[move.partition].primary:
+            adds = self.replicas.handover_adds(move.partition, move.source, move.target)
+            await run_handover(Handover(move.partition, move.source, move.target, adds), self.replicas, self.event)
+            return
         m = Migration(move.partition, move.source, move.target, source_serving=self.membership.serving(move.source),
                       live=self.config.live_migration)
         source = self.peer(move.source) if m.copies else None

@@ -77,6 +77,7 @@ class MemberHandlers:
             self.membership.leave_failed(msg.node_id)
             await self._declare_dead(msg.node_id, reason=f"its partitions could not all move off it: {e}")
             raise
+        await self.replicas.moved_off(msg.node_id)  # never fewer in-sync replicas than configured while it leaves
         self.membership.left(msg.node_id)
         self.event("member_left", node=msg.node_id)
         await self._save()

@@ -133,10 +133,13 @@ class NodeMoves:
         self.gate, self.own = gate, gate.ownership
         self.peer = peer  # a kept connection to the node at an address
         self.settled = settled  # waits until an earlier copy of the partition is gone
+        self.drained: Callable[[int], Awaitable[int]] = None  # type: ignore[assignment] -- replication.drained
+        self.resumed: Callable[[int], None] = lambda pid: None  # replication.resumed: a drain undone
         self.source: MoveSource = None  # type: ignore[assignment] -- set by attach()
         self.target: MoveTarget = None  # type: ignore[assignment]
         self.handlers = {
             p.Freeze: self.freeze,
+            p.Drain: self.drain,
             p.Thaw: self.thaw,
             p.Release: self.release,
             p.Pull: self.pull,
@@ -158,6 +161,18 @@ class NodeMoves:
             self.own.freeze(msg.partition)
         else:
             self.gate.unfreeze(msg.partition)
+            self.resumed(msg.partition)
+
+    async def drain(self, msg: p.Drain, conn) -> int:
+        """A handover (``control/migration.py``): writes wait from now on; answers the last batch once acknowledged."""
+        pid = self.own.check_owned(msg.partition)
+        self.own.freeze(pid)
+        try:
+            return await self.drained(pid)
+        except BaseException:
+            self.gate.unfreeze(pid)
+            self.resumed(pid)
+            raise
 
     async def move_copy(self, msg: p.MoveCopy, conn) -> list:
         return await asyncio.to_thread(self.source.copy, self.own.copy(msg.partition))
@@ -183,6 +198,7 @@ class NodeMoves:
         never committed are served again once the next table (which the coordinator sends) names them."""
         for pid in self.gate.thaw():
             self.source.discard(pid)
+            self.resumed(pid)
 
     # -- the target -------------------------------------------------------------------
 

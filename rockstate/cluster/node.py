@@ -73,6 +73,7 @@ class Node:
                                            self._report_replicas, self.gate.ownership.owns, self._settled)  # cluster/replication.py
         self.data.acknowledged, self.data.backup_copy = self.replication.acknowledged, self.replication.backup_copy
         self.ingestor.resync = self.replication.resync
+        self.moves.drained, self.moves.resumed = self.replication.drained, self.replication.resumed
         self.handlers = {
             **self.data.handlers,
             p.ApplyTable: self.apply_table,

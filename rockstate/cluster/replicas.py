@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CATCH_UP_TIMEOUT = 600.0
+LEAVE_TIMEOUT = 300.0  # seconds a leaving node's backups may take to be replaced
 STUCK = 3  # replica timeouts a backup may stay out of sync before it catches up anew
 
 
@@ -115,7 +116,13 @@ class ReplicaControl:
         if self.c.membership.members.get(a.node) is not None and self.sets.copy_started(a.partition, a.node):
             self.c._spawn(self._catch_up(a))
 
-    async def _catch_up(self, a: CatchUp) -> None:
+    async def catch_up(self, a: CatchUp) -> int | None:
+        """Carry out a catch-up and wait for its copy; answers the bytes copied (None: none, or it failed)."""
+        if self.c.membership.members.get(a.node) is not None and self.sets.copy_started(a.partition, a.node):
+            return await self._catch_up(a)
+        return None
+
+    async def _catch_up(self, a: CatchUp) -> int | None:
         c = self.c
         if self._limit is None:
             self._limit = asyncio.Semaphore(c.config.max_concurrent_migrations)
@@ -123,14 +130,16 @@ class ReplicaControl:
             async with self._limit:
                 s = self.sets[a.partition]
                 if a.node not in s.backups or s.primary is None:
-                    return
+                    return None
                 started = time.monotonic()
                 copied = await c.peer(a.node).rpc(c.security).call(p.ReplicaCatchUp(
                     partition=a.partition, source=c.peer(s.primary).address, epoch=s.epoch), timeout=CATCH_UP_TIMEOUT)
                 c.event("replica_copied", partition=a.partition, node=a.node, primary=s.primary, bytes=copied,
                         seconds=round(time.monotonic() - started, 3))
+                return copied
         except (RockstateError, OSError, KeyError) as e:
             log.warning("backup %s of partition %d could not catch up: %s", a.node, a.partition, e)
+            return None
         finally:
             self.sets.copy_finished(a.partition, a.node)
             self._out_of_sync[a.partition, a.node] = time.monotonic()  # the next try, if needed, after STUCK timeouts
@@ -164,6 +173,22 @@ class ReplicaControl:
         """A partition is about to be copied to ``target`` as its next primary: it stops being a backup there first."""
         if self.enabled:
             await self.carry_out(self.sets.leave(pid, target))
+
+    def handover_adds(self, pid: int, source: str, target: str) -> tuple[str, ...]:
+        """The replicas to add before ``target`` takes ``pid`` over from ``source`` (``migration.Handover``)."""
+        return tuple(replica_placement.handover_adds(self.sets.table(), pid, source, target, self.sets[pid].in_sync,
+                                                     self.c.membership.statuses(), self.backup_count, self.zones))
+
+    async def moved_off(self, node: str, timeout: float = LEAVE_TIMEOUT) -> None:
+        """A leaving node's backups are replaced (``ensure``: each new one in sync before the old one is dropped);
+        returns once it holds none, or after ``timeout`` (its copies then go with it, as a dead node's)."""
+        deadline = time.monotonic() + timeout
+        while self.enabled and any(node in s.backups for s in self.sets.sets):
+            if time.monotonic() > deadline:
+                log.warning("%s still holds backups after %gs of its leave; they go with it", node, timeout)
+                return
+            await self.ensure()
+            await asyncio.sleep(0.25)
 
     async def members_dead(self, nodes: list[str]) -> None:
         if self.enabled:

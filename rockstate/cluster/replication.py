@@ -54,6 +54,11 @@ MAX_ITEMS = 2000  # batches per ReplicaApply
 INLINE_ITEMS = 64  # a backup applies up to this many on its loop, more in a thread
 
 
+def _under_lock(part, action) -> None:
+    with part.lock:
+        action()
+
+
 def stored_bytes(stored: list) -> int:
     """Roughly what a stored batch weighs on the wire: its keys and values (a list's items too)."""
     size = 0
@@ -388,6 +393,21 @@ class NodeReplication:
 
     async def positions(self, msg: p.ReplicaPositions, conn) -> dict:
         return {pid: self.applies[pid].last_applied for pid in msg.partitions if pid in self.applies}
+
+    async def drained(self, pid: int) -> int:
+        """A frozen partition handed to a backup: its own sweeps stop (they write); answers its last batch once every
+        backup it waits for applied it."""
+        if pid not in self.acks:
+            raise PartitionUnavailableError(f"this node is not partition {pid}'s primary", partition=pid)
+        part = self.store.partition(pid)
+        await asyncio.to_thread(_under_lock, part, lambda: setattr(part, "backup", True))  # a sweep's write ends first
+        await self.acknowledged([pid])
+        return part.seq()
+
+    def resumed(self, pid: int) -> None:
+        """A drain undone: the primary's sweeps go on."""
+        if pid in self.acks:
+            self.store.partition(pid).backup = False
 
     def backup_copy(self, pid: int) -> bool:
         return pid in self.applies

@@ -45,9 +45,13 @@ that state, change nothing and answer no action):
   cut off. It leaves the in-sync set (CATCHING_UP again, the primary resends
   from its position) with an epoch bump; only when that epoch reaches the
   primary may it acknowledge writes without it.
-- ``promote(pid, node)``: a planned PROMOTE. Only an in-sync replica; the
-  caller has frozen the old primary's writes and seen them acknowledged, so
-  the old primary, now a backup, stays in sync.
+- ``promote(pid, node, source)``: a planned PROMOTE (``migration.Handover``),
+  of a backup of ``source``'s partition; the caller has frozen the old
+  primary's writes, seen them acknowledged and the backup's position reach
+  them, so it holds every write even if a report took it out of the set
+  meanwhile. The old primary leaves the set (its node retires its copy); a
+  plan that keeps it as a backup adds it back. Refused ([]) once the
+  partition has another primary or the node is no backup of it.
 - ``drop(pid, node)``: a planned DROP. Refused (None) while it would take
   the in-sync set below ``backup_count + 1`` and an added replica is still
   catching up (the caller waits for ``caught_up`` first), or while the
@@ -181,12 +185,14 @@ class InSyncSets:
         s.backups.append(node)
         return [self._publish(pid), CatchUp(pid, node, s.primary)]
 
-    def promote(self, pid: int, node: str) -> list[Action]:
+    def promote(self, pid: int, node: str, source: str) -> list[Action]:
         s = self.sets[pid]
-        if s.primary is None or node == s.primary or node not in s.in_sync:
+        if s.primary != source or pid in self._lost or node not in s.backups:
             return []
-        s.backups = [s.primary] + [b for b in s.backups if b != node]
+        self._remove(pid, node)
+        s.in_sync.discard(source)
         s.primary = node
+        s.in_sync.add(node)
         return [self._publish(pid)]
 
     def drop(self, pid: int, node: str) -> list[Action] | None:

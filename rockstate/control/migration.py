@@ -23,6 +23,30 @@ source, which discards its copy and recording, and make the target discard
 what it fetched), then FAILED. A move interrupted by a coordinator crash
 never changed the table (COMMIT is last), so its source still owns the
 partition: the restarted coordinator rolls every move back at once (``Thaw``).
+
+A partition with backups moves by a ``Handover`` instead, so it never has
+fewer in-sync replicas than configured (Kafka's reassignment, Hazelcast's
+migration): the target is first an extra backup, then takes over::
+
+    ADD ──▶ CATCH_UP ──▶ DRAIN ──▶ CONFIRM ──▶ RELEASE ──▶ PROMOTE ──▶ DONE
+    (CATCH_UP first when nothing is to be added)
+    a failure before DRAIN: FAILED; at DRAIN or CONFIRM: UNFREEZE ──▶ FAILED
+
+- ADD: the target becomes an extra backup, not in sync, and catches up as
+  any new backup does (a hard-link copy, then the primary's stream); so do
+  the others ``replica_placement.handover_adds`` names, when without the old
+  primary too few in-sync replicas would be left (its backup takes over).
+- CATCH_UP: done once the coordinator counts them in sync (``waited`` answers
+  FAILED after ``catch_up_timeout``).
+- DRAIN, on the source: freeze the partition's writes (and its own sweeps)
+  and answer its last batch once every in-sync backup applied it.
+- CONFIRM: the target's position; below the drained source's last batch
+  the handover fails (UNFREEZE: the source writes on), as it would lose writes.
+- RELEASE, on the source: stop serving before the table changes; a failed
+  release goes on, as a move's does.
+- PROMOTE: the target is primary from the next replica epoch; the old
+  primary leaves the replica set (its node retires its copy; a plan that
+  keeps it as a backup adds it back, and it copies anew).
 """
 
 from __future__ import annotations
@@ -89,3 +113,79 @@ class Migration:
         """The ``migration_finished`` event's numbers."""
         return {"bytes": self.copied_bytes, "delta_ops": self.delta_ops, "seconds": round(self.finished - self.started, 4),
                 "write_blocked_seconds": round(self.finished - (self.frozen if self.live else self.started), 4)}
+
+
+class HandoverStep(StrEnum):
+    ADD = "add"
+    CATCH_UP = "catch_up"
+    DRAIN = "drain"
+    CONFIRM = "confirm"
+    RELEASE = "release"
+    PROMOTE = "promote"
+    DONE = "done"
+    UNFREEZE = "unfreeze"
+    FAILED = "failed"
+
+
+HANDOVER = (HandoverStep.ADD, HandoverStep.CATCH_UP, HandoverStep.DRAIN, HandoverStep.CONFIRM, HandoverStep.RELEASE,
+            HandoverStep.PROMOTE, HandoverStep.DONE)
+CATCH_UP_TIMEOUT = 300.0  # seconds the target may take to be in sync
+
+
+class Handover:
+    """A replicated partition's primary moving from ``source`` to ``target`` without losing an in-sync replica."""
+
+    copies = True
+
+    def __init__(self, partition: int, source: str, target: str, adds: tuple[str, ...] = (),
+                 catch_up_timeout: float = CATCH_UP_TIMEOUT) -> None:
+        """``adds``: the replicas to add first (``replica_placement.handover_adds``)."""
+        self.partition, self.source, self.target, self.catch_up_timeout = partition, source, target, catch_up_timeout
+        self.adds = tuple(adds)
+        self.step = HandoverStep.ADD if adds else HandoverStep.CATCH_UP
+        self.started = self.caught_up = self.frozen = self.finished = 0.0
+        self.copied_bytes = self.drained_seq = 0
+
+    def start(self, now: float) -> HandoverStep:
+        self.started = self.caught_up = now
+        return self.step
+
+    def done(self, now: float, result: object = None) -> HandoverStep:
+        """The current step succeeded (``result``: bytes copied after ADD, the source's last batch after DRAIN,
+        the target's position after CONFIRM)."""
+        step = self.step
+        if step is HandoverStep.UNFREEZE:
+            self.step = HandoverStep.FAILED
+            return self.step
+        if step is HandoverStep.ADD:
+            self.copied_bytes = result or 0  # type: ignore[assignment]
+        elif step is HandoverStep.CATCH_UP:
+            self.caught_up = now
+        elif step is HandoverStep.DRAIN:
+            self.frozen, self.drained_seq = now, result  # type: ignore[assignment]
+        elif step is HandoverStep.CONFIRM and (result is None or result < self.drained_seq):  # type: ignore[operator]
+            self.step = HandoverStep.UNFREEZE  # the target lacks batches the source wrote: it must not lead
+            return self.step
+        elif step is HandoverStep.PROMOTE:
+            self.finished = now
+        self.step = HANDOVER[HANDOVER.index(step) + 1]
+        return self.step
+
+    def waited(self, now: float) -> HandoverStep:
+        """CATCH_UP is not done yet at ``now``: FAILED once it took longer than ``catch_up_timeout``."""
+        if self.step is HandoverStep.CATCH_UP and now - self.started > self.catch_up_timeout:
+            self.step = HandoverStep.FAILED
+        return self.step
+
+    def failed(self, now: float) -> HandoverStep:
+        """The current step failed: undo the freeze, go on past a failed release, or give up."""
+        if self.step is HandoverStep.RELEASE:
+            return self.done(now)
+        self.step = HandoverStep.UNFREEZE if self.step in (HandoverStep.DRAIN, HandoverStep.CONFIRM) else HandoverStep.FAILED
+        return self.step
+
+    def report(self) -> dict:
+        """The ``migration_finished`` event's numbers (no delta: the target followed the stream)."""
+        return {"bytes": self.copied_bytes, "delta_ops": 0, "seconds": round(self.finished - self.started, 4),
+                "catch_up_seconds": round(self.caught_up - self.started, 4), "drained_batch": self.drained_seq,
+                "write_blocked_seconds": round(self.finished - self.frozen, 4)}

@@ -33,10 +33,18 @@ snapshot and the write delta, until it is in sync; with no primary it
 starts empty), ``PROMOTE`` an in-sync replica to primary (an epoch bump),
 ``DROP`` a replica. Adds precede drops, so a partition never has fewer
 in-sync replicas during a change than before it.
+
+``handover_adds(...)``: the replicas to add before a primary moves by a
+handover (``migration.Handover``), which takes its old primary out of the
+set: the target if it is no replica yet, and as many more as keep
+``backup_count + 1`` in-sync replicas without the old one (those the plan
+gives the partition first, then the least-loaded ALIVE members), as far as
+the members allow.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Mapping, Sequence
@@ -159,6 +167,20 @@ class _Backups:
                         self.load[node] -= 1
                         self.load[replicas[i]] += 1
                         moved = True
+
+
+def handover_adds(replicas: Replicas, pid: int, source: str, target: str, in_sync: set[str],
+                  statuses: Mapping[str, MemberStatus], backup_count: int, zones: Mapping[str, str] | None = None) -> list[str]:
+    current = set(replicas[pid])
+    adds = [] if target in current else [target]
+    need = backup_count + 1 - len((set(in_sync) | {target}) - {source})
+    if need <= 0:
+        return adds
+    load = Counter(n for r in replicas for n in r)
+    free = [n for n, s in sorted(statuses.items()) if s is MemberStatus.ALIVE and n not in current and n not in adds]
+    wanted = plan(replicas, statuses, backup_count, zones).target[pid]
+    free.sort(key=lambda n: (n not in wanted, load[n], n))
+    return adds + free[:need]
 
 
 def _steps(current: list[list[str]], target: list[list[str]]) -> list[ReplicaStep]:

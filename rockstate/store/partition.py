@@ -208,8 +208,9 @@ class Partition:
 
     def forget_requests(self, window: float, now: float | None = None) -> None:
         """Drop the request ids whose time is more than ``window`` seconds before ``now``."""
-        if requests.REQUESTS in self.states():
-            self.write([(DELETE_RANGE, requests.REQUESTS, b"", requests.cutoff(window, now))])
+        with self.lock:  # a primary handing the partition over turns ``backup`` on under the lock: no write after
+            if requests.REQUESTS in self.states() and not self.backup:
+                self.write([(DELETE_RANGE, requests.REQUESTS, b"", requests.cutoff(window, now))])
 
     # -- copies: checkpoints and moves -------------------------------------
 
@@ -389,7 +390,9 @@ class Partition:
         return removed
 
     def _delete_if_expired(self, state: str, keys: list[bytes], now: int) -> int:
-        with self.lock:  # re-check under the lock: a write may have refreshed an entry
+        with self.lock:  # re-check under the lock: a write may have refreshed an entry (or a handover begun)
+            if self.backup:
+                return 0
             gone = [k for k, v in zip(keys, self._families[state].get(keys)) if v is not None and _EXPIRY.unpack_from(v)[0] <= now]
             if gone:
                 self.write([(DELETE_MANY, state, gone, None)])

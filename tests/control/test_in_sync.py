@@ -2,7 +2,7 @@
 
 from rockstate.control.in_sync import AskPositions, CatchUp, InSyncSets, Promoted, Publish, RestoreFromCheckpoint
 from rockstate.control.membership import MemberStatus
-from rockstate.control.replica_placement import StepKind, plan
+from rockstate.control.replica_placement import StepKind, handover_adds, plan
 
 ALIVE, LEAVING = MemberStatus.ALIVE, MemberStatus.LEAVING
 
@@ -25,12 +25,21 @@ def test_an_unreachable_backup_leaves_the_in_sync_set_with_an_epoch_bump():
     assert sets.caught_up(0, "node-2", epoch=2)[0].in_sync == ("node-1", "node-2")
 
 
-def test_promote_takes_only_an_in_sync_replica_and_the_old_primary_stays_a_backup():
-    sets = InSyncSets(1, [["node-1"]])
-    sets.add_backup(0, "node-2")
-    assert sets.promote(0, "node-2") == []  # still catching up
+def test_a_handover_promotes_a_backup_of_the_source_and_the_old_primary_leaves_the_set():
+    sets = InSyncSets(1, [["node-1", "node-3"]])
+    sets.add_backup(0, "node-2")  # the target, an extra replica
     sets.caught_up(0, "node-2", epoch=2)
-    assert sets.promote(0, "node-2") == [Publish(0, 4, "node-2", ("node-1",), ("node-1", "node-2"))]
+    assert len(sets[0].in_sync) == 3
+    assert sets.promote(0, "node-2", source="node-4") == []  # not the primary: changed meanwhile
+    assert sets.promote(0, "node-5", source="node-1") == []  # no backup of it
+    assert sets.promote(0, "node-2", source="node-1") == [Publish(0, 4, "node-2", ("node-3",), ("node-2", "node-3"))]
+    assert sets.table() == [["node-2", "node-3"]]
+
+
+def test_a_handover_may_promote_a_confirmed_backup_a_late_report_took_out_of_the_set():
+    sets = InSyncSets(1, [["node-1", "node-2"]])
+    sets.unreachable(0, "node-2", epoch=1)  # raced with the drain; the caller confirmed its position since
+    assert sets.promote(0, "node-2", source="node-1") == [Publish(0, 3, "node-2", (), ("node-2",))]
 
 
 def test_a_drop_waits_while_its_replacement_catches_up():
@@ -125,25 +134,60 @@ def test_a_backup_copying_anew_is_not_counted_in_sync_by_a_late_report():
     sets.members_dead(["node-2"])
     assert sets.copying == set()
 
+
+def carry_out_plans(sets: InSyncSets, statuses: dict, backup_count: int) -> int:
+    """Plan and carry out the steps as the coordinator does: a primary by a handover (``handover_adds`` added and
+    caught up, then the target promoted; its partition's other steps left to the next plan), drops tried while the
+    added replicas still catch up; plan again until nothing is left. After every step each partition has at least
+    as many in-sync replicas as configured. Answers the rounds."""
+    def check() -> None:
+        assert all(len(s.in_sync) >= backup_count + 1 for s in sets.sets), sets.sets
+
+    for rounds in range(1, 10):
+        steps = plan(sets.table(), statuses, backup_count=backup_count).steps
+        if not steps:
+            return rounds
+        moving = {st.partition: st.node for st in steps if st.kind is StepKind.PROMOTE}  # the rest: planned anew after
+        adds = [(st.partition, st.node) for st in steps if st.kind is StepKind.ADD and st.partition not in moving]
+        for pid, target in moving.items():
+            adds += [(pid, n) for n in handover_adds(sets.table(), pid, sets[pid].primary, target, sets[pid].in_sync,
+                                                    statuses, backup_count)]
+        for pid, node in adds:
+            assert sets.add_backup(pid, node)[1] == CatchUp(pid, node, sets[pid].primary)
+        refused = [st for st in steps if st.kind is StepKind.DROP and st.partition not in moving
+                   and sets.drop(st.partition, st.node) is None]
+        assert refused or not adds  # a replica still catching up holds back the drop of an in-sync one
+        check()
+        for pid, node in adds:
+            sets.caught_up(pid, node, sets[pid].epoch)
+        for step in (st for st in steps if st.kind is StepKind.PROMOTE):
+            s = sets[step.partition]
+            assert step.node in s.in_sync  # added and caught up first
+            assert sets.promote(step.partition, step.node, source=s.primary)
+            check()
+        for step in refused:
+            assert sets.drop(step.partition, step.node) is not None
+            check()
+    raise AssertionError("the plans did not converge")
+
+
 def test_the_planners_steps_carried_out_reach_its_target_without_losing_in_sync_replicas():
     table = plan([[]] * 12, {f"node-{i}": ALIVE for i in (1, 2, 3)}, backup_count=1).target
     sets = InSyncSets(1, table)
     statuses = {"node-1": ALIVE, "node-2": LEAVING, "node-3": ALIVE, "node-4": ALIVE}
-    target = plan(sets.table(), statuses, backup_count=1)
-    for step in target.steps:
-        s = sets[step.partition]
-        if step.kind is StepKind.ADD:
-            publish, catch_up = sets.add_backup(step.partition, step.node)
-            assert catch_up == CatchUp(step.partition, step.node, s.primary)
-            assert sets.drop(step.partition, s.backups[0]) is None  # not before the new one is in sync
-            sets.caught_up(step.partition, step.node, publish.epoch)
-        elif step.kind is StepKind.PROMOTE:
-            assert sets.promote(step.partition, step.node)
-        else:
-            assert sets.drop(step.partition, step.node)
-        assert len(s.in_sync) >= 2
-    assert [sorted(r) for r in sets.table()] == [sorted(r) for r in target.target]
-    assert [r[0] for r in sets.table()] == [r[0] for r in target.target]
+    carry_out_plans(sets, statuses, backup_count=1)
+    target = plan(sets.table(), statuses, backup_count=1).target
+    assert sets.table() == target and not any("node-2" in r for r in target)
+
+
+def test_a_join_and_a_leave_with_two_backups_never_lose_an_in_sync_replica():
+    nodes = [f"node-{i}" for i in range(1, 5)]
+    sets = InSyncSets(2, plan([[]] * 16, dict.fromkeys(nodes, ALIVE), backup_count=2).target)
+    joined = {**dict.fromkeys(nodes, ALIVE), "node-5": ALIVE}
+    carry_out_plans(sets, joined, backup_count=2)
+    assert sum(r[0] == "node-5" for r in sets.table()) >= 3  # it got its share of primaries
+    carry_out_plans(sets, {**joined, "node-1": LEAVING}, backup_count=2)
+    assert not any("node-1" in r for r in sets.table())
 
 
 def test_after_a_promotion_the_planner_restores_the_backup_count():
@@ -192,3 +236,13 @@ def test_the_sets_survive_a_round_trip_through_the_saved_record():
     assert again.table() == sets.table() and again.lost() == sets.lost()
     assert [(s.primary, s.backups, s.in_sync, s.epoch) for s in again.sets] == [
         (s.primary, s.backups, s.in_sync, s.epoch) for s in sets.sets]
+
+
+def test_a_handover_to_its_own_backup_first_adds_one_so_the_old_primarys_departure_leaves_enough_in_sync():
+    statuses = {"node-1": LEAVING, "node-2": ALIVE, "node-3": ALIVE, "node-4": ALIVE}
+    replicas = [["node-1", "node-2"], ["node-3", "node-4"], ["node-4", "node-3"]]
+    assert handover_adds(replicas, 0, "node-1", "node-2", {"node-1", "node-2"}, statuses, 1) == ["node-3"]  # least loaded
+    assert handover_adds(replicas, 0, "node-1", "node-3", {"node-1", "node-2"}, statuses, 1) == ["node-3"]  # the target
+    assert handover_adds(replicas, 0, "node-1", "node-2", {"node-1"}, statuses, 1) == ["node-3"]  # node-2 out of sync
+    two = {"node-1": LEAVING, "node-2": ALIVE}
+    assert handover_adds([["node-1", "node-2"]], 0, "node-1", "node-2", {"node-1", "node-2"}, two, 1) == []  # none left

@@ -82,6 +82,14 @@ class Freeze(Message):
     frozen: bool = True
 
 
+class Drain(Message):
+    """A replicated partition handed to a backup: freeze its writes (and sweeps); answers its last batch once
+    every in-sync backup applied it. ``Freeze(frozen=False)`` lifts it."""
+
+    op = "drain"
+    partition: int
+
+
 class Release(Message):
     """The partition is about to get a new owner: stop serving it now (requests get NOT_OWNER meanwhile)."""
 
