@@ -64,6 +64,7 @@ class _NotYet(Exception):
     """A failover try that did not restore the partitions: no live node yet, or a restore failed."""
 
 
+BALANCE_CHECK = 5.0  # seconds between the monitor's checks that the table is balanced
 FAILOVER_RETRY = Retry(deadline=None, initial=0.2, maximum=5.0, retry_on=lambda e: isinstance(e, _NotYet))  # until it is done
 
 
@@ -220,7 +221,7 @@ class Coordinator(ClusterAnswers, MemberHandlers, Leading):
         await self._rebalance()
 
     async def _monitor(self) -> None:
-        last_ensure = 0.0
+        last_ensure = last_balance = time.monotonic()
         while True:
             await asyncio.sleep(min(0.25, self.config.heartbeat_timeout / 4))
             for m in self.membership.expire(time.monotonic()):
@@ -228,6 +229,16 @@ class Coordinator(ClusterAnswers, MemberHandlers, Leading):
             if time.monotonic() - last_ensure > 1.0:
                 last_ensure = time.monotonic()
                 self._spawn(self.replicas.ensure())  # backups added, dropped, caught up anew
+            if time.monotonic() - last_balance > BALANCE_CHECK and self._unbalanced():
+                last_balance = time.monotonic()
+                # redone here, not only on a membership change: a move or a welcome-back that failed would
+                # otherwise leave a node without its share until the next join or death
+                self._spawn(self._rebalance())
+
+    def _unbalanced(self) -> bool:
+        """Moves are due and nothing is changing the table now."""
+        return (self._resumed.is_set() and not self.table_lock.locked() and not self._forming()
+                and bool(placement.rebalance(self.table.owners, self.membership.statuses())))
 
     async def _declare_dead(self, node_id: str, **why) -> None:
         self.event("member_dead", node=node_id, address=self.membership[node_id].address, **why)

@@ -6,12 +6,17 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 from ..errors import PartitionUnavailableError, RockstateError
+from ..retry import Retry
 from . import protocol as p
 from .identity import refuse_takeover
 
+log = logging.getLogger(__name__)
+
+WELCOME_RETRY = Retry(deadline=10.0, initial=0.2, maximum=2.0)
 LEAVE_ROUNDS = 3  # rebalances a graceful leave runs until the leaving node holds no primary
 
 
@@ -53,11 +58,20 @@ class MemberHandlers:
         return self.table.epoch
 
     async def _welcome_back(self, node_id: str) -> None:
-        """A node back from being cut off learns the current table (it drops what was restored elsewhere), then gets its share."""
+        """A node back from being cut off learns the current table (it drops what was restored elsewhere), then gets its share.
+
+        The first call often meets the connection the cut left behind, failing as the kernel gives up on it: asked again.
+        """
+        try:
+            await WELCOME_RETRY.acall(self._send_table, node_id)
+            await self.replicas.returned(node_id)
+        except RockstateError as e:  # its heartbeats' answers name the newer table all the same
+            log.warning("%s back from a cut did not take the table: %s", node_id, e)
+        await self._rebalance()
+
+    async def _send_table(self, node_id: str) -> None:
         async with self.table_lock:
             await self.peer(node_id).rpc(self.security).call(p.ApplyTable(table=self.table.to_wire()))
-        await self.replicas.returned(node_id)
-        await self._rebalance()
 
     async def leave(self, msg: p.Leave, conn) -> dict:
         if not self.membership.leave(msg.node_id):  # nobody to take its partitions: they wait on its disk for its return
