@@ -32,7 +32,7 @@ from rockstate.errors import (
 
 from . import auth
 from .frames import (GREETING_TIMEOUT, HEADER_SIZE, MAGIC, MAX_FRAME, body_size, check_body, check_greeting, decode, encode,
-                     no_greeting)
+                     no_greeting, packer)
 from .messages import PROTOCOL_VERSION, Challenge, Hello, Message, Welcome, parse_reply, request
 
 REPLY_GRACE = 0.1
@@ -101,6 +101,7 @@ class _Connection:
         self._kernel_timeouts = not ssl
         self._timeout: float | None = None
         self._received = bytearray()  # read from the socket, not yet taken
+        self._pack = packer()  # a connection is used by one thread at a time
         self._poll = select.poll()
         self._poll.register(self._sock, select.POLLIN)
         self._ids = itertools.count()
@@ -150,7 +151,7 @@ class _Connection:
     def send(self, msg: Message, timeout: float, io_timeout: float | None = None) -> int:
         """Send ``msg`` with ``timeout`` as its deadline; return its request id."""
         rid = next(self._ids)
-        frame = encode(request(rid, msg, timeout), self._max_frame)  # a too-large request spoils nothing
+        frame = encode(request(rid, msg, timeout), self._max_frame, self._pack)  # a too-large request spoils nothing
         try:
             self._settimeout(timeout if io_timeout is None else io_timeout)
             self._sock.sendall(frame)

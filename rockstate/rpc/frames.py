@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Callable
 
 import msgpack
 
@@ -64,10 +64,16 @@ async def read_greeting(reader: asyncio.StreamReader, address: str, timeout: flo
     check_greeting(got, address)
 
 
-def encode(obj: Any, max_frame: int = MAX_FRAME) -> bytes:
-    """The whole frame (header and body) for ``obj``."""
+def packer() -> Callable[[Any], bytes]:
+    """A reusable msgpack encoder for ``encode``, for one thread at a time: ``msgpack.packb`` builds a Packer
+    per call, which cost ~3 µs of a small frame's ~3.5."""
+    return msgpack.Packer(use_bin_type=True).pack
+
+
+def encode(obj: Any, max_frame: int = MAX_FRAME, pack: Callable[[Any], bytes] | None = None) -> bytes:
+    """The whole frame (header and body) for ``obj``; ``pack``: the caller's own ``packer()``."""
     try:
-        body = msgpack.packb(obj, use_bin_type=True)
+        body = msgpack.packb(obj, use_bin_type=True) if pack is None else pack(obj)
     except (TypeError, ValueError, OverflowError) as e:
         raise ProtocolError(f"cannot encode frame: {e}") from e
     if len(body) > max_frame:

@@ -33,7 +33,7 @@ from rockstate.errors import (
 )
 
 from . import auth
-from .frames import HEADER_SIZE, MAGIC, MAX_FRAME, body_size, decode, encode
+from .frames import HEADER_SIZE, MAGIC, MAX_FRAME, body_size, decode, encode, packer
 from .messages import PROTOCOL_VERSION, Challenge, Hello, Message, Welcome, error_reply, parse_request, reply
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,7 @@ class Server:
         self._inline = frozenset(cls.op for cls in inline)
         self.host, self.port, self.name = host, port, name
         self._ssl, self._secret, self._max_frame = ssl, secret, max_frame
+        self._pack = packer()  # replies are encoded on the loop's thread only
         self._server: asyncio.Server | None = None
         self._connections: set[_Serving] = set()
         self._requests: set[asyncio.Task] = set()
@@ -136,7 +137,7 @@ class Server:
             else:
                 async with timer:
                     result = await handler(msg, conn)
-            return encode(reply(rid, result), self._max_frame)
+            return encode(reply(rid, result), self._max_frame, self._pack)
         except Exception as e:
             return self._error_frame(rid, self._as_error(e, wire.get("op"), timer, deadline))
 

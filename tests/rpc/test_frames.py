@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rockstate.errors import ConnectionLostError, FrameTruncatedError, ProtocolError
-from rockstate.rpc.frames import decode, encode, read_frame, read_frame_sync, write_frame_sync
+from rockstate.rpc.frames import HEADER_SIZE, decode, encode, packer, read_frame, read_frame_sync, write_frame_sync
 
 ints = st.integers(-(2**63), 2**64 - 1)  # msgpack's range
 native = st.recursive(
@@ -95,3 +95,17 @@ def test_async_frames():
             await read_frame(reader, max_frame=1024)
 
     asyncio.run(main())
+
+
+def test_a_reused_packer_encodes_like_packb_even_after_a_failure():
+    """A connection's own encoder (frames.packer) gives the frames msgpack.packb gives; a frame that fails to
+    encode leaves nothing behind for the next one."""
+    pack = packer()
+    frame = {"id": 7, "msg": {"op": "read", "groups": [[3, [b"\x00" * 40, "k\u00e9y"]]], "deadline": 2.5}}
+    assert encode(frame, pack=pack) == encode(frame)
+    with pytest.raises(ProtocolError, match="cannot encode"):
+        encode({"id": 8, "ok": {1, 2}}, pack=pack)
+    assert encode({"id": 9, "ok": None}, pack=pack) == encode({"id": 9, "ok": None})
+    with pytest.raises(ProtocolError, match="exceeds the limit"):
+        encode({"ok": b"x" * 100}, max_frame=50, pack=pack)
+    assert decode(encode(frame, pack=pack)[HEADER_SIZE:]) == frame
