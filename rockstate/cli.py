@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import sys
 import time
 
@@ -330,6 +331,8 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in filter(None, os.environ.get("ROCKSTATE_DEBUG", "").split(",")):  # debug logging of these modules only
+        logging.getLogger(name.strip()).setLevel(logging.DEBUG)
     try:
         args.func(args)
     except RockstateError as e:

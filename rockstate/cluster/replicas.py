@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 CATCH_UP_TIMEOUT = 600.0
 LEAVE_TIMEOUT = 300.0  # seconds a leaving node's backups may take to be replaced
-STUCK = 3  # replica timeouts a backup may stay out of sync before it catches up anew
+STUCK = 10  # replica timeouts a backup may stay out of sync before it copies anew (a copy under load takes seconds to stream level)
 
 
 class ReplicaControl:
@@ -210,7 +210,10 @@ class ReplicaControl:
             if s.primary != msg.node_id:
                 continue  # a deposed primary's report
             if kind == "caught_up":
-                actions += self.sets.caught_up(pid, backup, epoch)
+                done = self.sets.caught_up(pid, backup, epoch)
+                log.debug("%s: %s caught up at epoch %d (now %d, copying %s): %s", msg.node_id, backup, epoch, s.epoch,
+                          (pid, backup) in self.sets.copying, "in sync" if backup in s.in_sync else "refused")
+                actions += done
             elif kind in ("unreachable", "diverged"):
                 done = self.sets.unreachable(pid, backup, epoch)
                 if done:
@@ -250,6 +253,8 @@ class ReplicaControl:
                 if b in s.in_sync or (pid, b) in self.sets.copying or statuses.get(b) is not MemberStatus.ALIVE:
                     continue
                 if now - self._out_of_sync.setdefault((pid, b), now) > STUCK * self.timeout:
+                    log.info("backup %s of partition %d out of sync for %.1fs since its last copy or report: copies anew",
+                             b, pid, now - self._out_of_sync[pid, b])
                     actions.append(CatchUp(pid, b, s.primary))
         await self.carry_out(actions)
 

@@ -276,13 +276,14 @@ class NodeReplication:
                 await asyncio.sleep(0.1)
 
     async def _send_once(self, node: str) -> None:
-        now, items, size = time.monotonic(), [], 0
+        now, items, size, carried = time.monotonic(), [], 0, {}
         pids = [pid for pid in self.acks if node in self.table.backups_of(pid)]
         for pid in pids:
             acks = self.acks[pid]
             if node in acks.overdue(now, self.timeout()):
                 self._report(pid, node, "unreachable")
-            if node in acks.joining:  # until the coordinator's table has it in sync (a report may have crossed a change)
+                self._resolve(pid, [])  # a late joining backup is waited for no more
+            if node in acks.reported:  # until the coordinator's table has it in sync (a report may have crossed a change)
                 self._report(pid, node, "caught_up")
             start = self.sent.get((node, pid))
             if start is None and node in acks.in_sync:
@@ -298,6 +299,8 @@ class NodeReplication:
                     break  # the rest next time (a backup applies a partition's batches in order)
                 items.append([pid, acks.epoch, seq, stored])
                 size += stored_bytes(stored)
+            else:  # the whole log past its position: applying it, the backup is one request behind at most
+                carried[pid] = entries[-1][0] if entries else start
             if not entries and node not in acks.waits():
                 items.append([pid, acks.epoch, 0, None])  # a probe: is its copy open, is it caught up?
         self._trim(pids)
@@ -322,8 +325,11 @@ class NodeReplication:
                 continue
             self.sent[node, pid] = applied  # behind: resent from there
             self._resolve(pid, acks.applied(node, applied))
-            if node not in acks.in_sync and status == "ok" and acks.caught_up(node):
+            if node not in acks.in_sync and status == "ok" and acks.caught_up(node, carried.get(pid)):
                 self._report(pid, node, "caught_up")
+            elif node not in acks.in_sync:
+                log.debug("backup %s of partition %d: %s at %d of %d (acked %d, joining %s)", node, pid, status, applied,
+                          acks.last_sent, acks.acked, sorted(acks.joining))
         self._wake[node].set()  # more may have queued meanwhile
 
     def _log_after(self, pid: int, seq: int) -> list | None:
@@ -349,6 +355,7 @@ class NodeReplication:
             return
         self._reported[key] = now
         epoch = self.table.replica_epoch(pid)
+        log.debug("report %s %s of partition %d at epoch %d", node, kind, pid, epoch)
         asyncio.ensure_future(self._send_report([[pid, node, epoch, kind]]))
 
     async def _send_report(self, reports: list) -> None:

@@ -19,14 +19,22 @@ what they had not applied).
   epoch (older ones change nothing). Only this stops the primary waiting for
   a backup, so it never acknowledges without a member the coordinator still
   counts; answers the sequences acknowledged now.
-- ``caught_up(backup)``: whether the backup applied everything sent; if so
-  the primary waits for it from now on, and reports it to the coordinator
-  (at this epoch). The coordinator takes such a report only at the epoch it
+- ``caught_up(backup, carried)``: whether to report the backup caught up.
+  A backup that applied everything its last request carried (``carried``,
+  the log's end when it was sent) is JOINING: waited for from now on, so no
+  batch is acknowledged without it any more. Under steady writes it is never
+  level with the last batch sent when its answer comes (batches are sent
+  meanwhile): being one request behind is enough to join. A joining backup
+  that holds every acknowledged batch is reported to the coordinator (at this
+  epoch), and only then, so the coordinator never counts a backup that lacks
+  an acknowledged write. The coordinator takes a report only at the epoch it
   was made, and its next epoch then counts the backup in sync; so a newer
   epoch that does not has refused the report, and the primary stops waiting
   for the backup (it reports again once it is caught up).
 - ``overdue(now, max_lag)``: waited-for backups that have not applied a batch
-  sent more than ``max_lag`` seconds ago: to report as behind.
+  sent more than ``max_lag`` seconds ago: to report as behind. A joining one
+  not yet reported is waited for no more (the coordinator does not count it);
+  ``acked`` may move on.
 
 The backup: ``check(epoch, seq)`` before applying a batch: True to apply it,
 False when it holds it already (a resend); a batch of an epoch older than the
@@ -62,7 +70,8 @@ class PrimaryAcks:
         """``positions``: each in-sync backup's last applied sequence; ``last_seq``: the primary's own."""
         self.epoch, self.replication = epoch, Replication(replication)
         self.in_sync = set(positions)
-        self.joining: set[str] = set()  # reported caught up, not yet in a published in-sync set
+        self.joining: set[str] = set()  # waited for, not yet in a published in-sync set
+        self.reported: set[str] = set()  # joining ones reported caught up to the coordinator
         self.position = dict(positions)
         self.last_sent = self.acked = last_seq
         self._sent: dict[int, float] = {}  # seq -> when it was sent; not yet applied by every member waited for
@@ -88,25 +97,35 @@ class PrimaryAcks:
         if epoch <= self.epoch:  # backups added or dropped without a new epoch (none of them in sync)
             self.position = {b: self.position.get(b, 0) for b in backups | self.in_sync}
             self.joining &= backups  # a dropped one is waited for no more
+            self.reported &= backups
             return self._advance()
         self.epoch, self.in_sync = epoch, set(in_sync) & backups  # the primary itself is not waited for
-        self.joining = set()  # in sync now, or the report was refused
+        self.joining, self.reported = set(), set()  # in sync now, or the report was refused
         self.position = {b: self.position.get(b, 0) for b in backups}
         return self._advance()
 
-    def caught_up(self, backup: str) -> bool:
-        if backup not in self.position or self.position[backup] < self.last_sent:
+    def caught_up(self, backup: str, carried: int | None = None) -> bool:
+        position = self.position.get(backup)
+        if position is None:
             return False
-        if backup not in self.in_sync:
+        if backup in self.in_sync:
+            return position >= self.last_sent
+        if backup not in self.joining and position >= (self.last_sent if carried is None else carried):
             self.joining.add(backup)
-        return True
+        if backup in self.joining and position >= self.acked:
+            self.reported.add(backup)
+            return True
+        return False
 
     def overdue(self, now: float, max_lag: float) -> list[str]:
         late = []
         for backup in sorted(self.waits()):
-            oldest = self._sent.get(self.position[backup] + 1)
+            oldest = min((at for seq, at in self._sent.items() if seq > self.position[backup]), default=None)
             if oldest is not None and now - oldest > max_lag:
                 late.append(backup)
+                if backup in self.joining and backup not in self.reported:
+                    self.joining.discard(backup)
+                    self._advance()
         return late
 
     def _advance(self) -> list[int]:

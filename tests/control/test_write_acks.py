@@ -128,3 +128,36 @@ def test_after_a_promotion_the_deposed_primary_cannot_write_through_a_backup():
         on_node_2.check(old.send(now=1.0).epoch, 1)
     assert new.send(now=1.0) == Batch(2, publish.epoch, acknowledged=False)
     assert new.applied("node-2", 1) == [] and new.applied("node-2", 2) == [2]  # the tail (no client waits on it), then the batch
+
+
+def test_under_steady_writes_a_backup_one_request_behind_joins_and_is_reported():
+    """A primary alone acknowledges each batch as it is sent; under steady writes a catching-up backup's answer
+    never finds it level with the last batch sent (one was sent meanwhile). Applying all its request carried, it
+    is waited for from then on, and reported once it holds every acknowledged batch (the next answer)."""
+    acks = PrimaryAcks(epoch=2, positions={})
+    acks.configure(epoch=3, backups=["node-2"], in_sync=[])  # node-2 copied the partition, catching up
+    for n in range(5):
+        assert acks.send(now=0.0).acknowledged
+    carried = acks.last_sent  # a request with batches 1-5
+    assert acks.send(now=0.1).acknowledged  # batch 6, acknowledged before the answer comes
+    acks.applied("node-2", carried)
+    assert acks.caught_up("node-2", carried) is False  # it lacks acknowledged batch 6: not reported yet
+    assert acks.waits() == {"node-2"} and acks.send(now=0.2).acknowledged is False  # but batch 7 waits for it
+    carried = acks.last_sent
+    assert acks.applied("node-2", carried) == [7]
+    assert acks.caught_up("node-2", carried) is True and acks.reported == {"node-2"}
+
+
+def test_a_joining_backup_that_stops_answering_is_waited_for_no_more_until_reported():
+    acks = PrimaryAcks(epoch=2, positions={})
+    acks.configure(epoch=3, backups=["node-2"], in_sync=[])
+    acks.send(now=0.0)
+    acks.applied("node-2", 1)
+    acks.send(now=0.0)  # batch 2, acknowledged without node-2
+    assert acks.caught_up("node-2", 1) is False and acks.send(now=1.0).acknowledged is False  # batch 3 waits
+    assert acks.overdue(now=5.0, max_lag=1.0) == ["node-2"]  # no answer: the coordinator does not count it
+    assert acks.waits() == set() and acks.acked == 3
+    acks.applied("node-2", 3)
+    assert acks.caught_up("node-2", 3) is True  # it answered after all: joining and reported
+    acks.send(now=6.0)
+    assert acks.overdue(now=9.0, max_lag=1.0) == ["node-2"] and acks.waits() == {"node-2"}  # reported: waited for
