@@ -15,6 +15,7 @@ import asyncio
 import logging
 import os
 import shutil
+import time
 from typing import TYPE_CHECKING
 
 from ..control.write_acks import BackupApply
@@ -83,15 +84,20 @@ class ReplicaCopies:
         r = self.r
         r.applies.pop(pid, None)
         r.logs.pop(pid, None)  # the tail of the copy it drops
+        steps = [time.perf_counter()]  # the step times, logged: where a slow catch-up waits
         await r.retired(pid)
         r.store.close_partition(pid)  # replace_partitions puts the new copy in its place
         target = os.path.join(r.store.path, "replicas-in", partition_dir(pid))
         channel, me = r.peer(source), r.node_id()
         try:
+            steps.append(time.perf_counter())
             reply = await channel.call(p.ReplicaCopy(partition=pid, node=me), timeout=600.0)
+            steps.append(time.perf_counter())
             copied = await fetch_files(reply["files"], target, lambda name, offset, length: channel.call(
                 p.ReplicaChunk(partition=pid, node=me, name=name, offset=offset, length=length)))
+            steps.append(time.perf_counter())
             await asyncio.to_thread(r.store.replace_partitions, {pid: target})
+            steps.append(time.perf_counter())
         except BaseException:
             shutil.rmtree(target, ignore_errors=True)
             raise
@@ -100,7 +106,8 @@ class ReplicaCopies:
         part = r.store.partition(pid)
         part.backup = True
         r.applies[pid] = BackupApply(max(epoch, r.table.replica_epoch(pid)), part.seq())
-        log.info("backup copy of partition %d from %s at batch %d (%d bytes)", pid, source, part.seq(), copied)
+        log.info("backup copy of partition %d from %s at batch %d (%d bytes; seconds: old copy gone %.3f, snapshot %.3f, "
+                 "fetch %.3f, open %.3f)", pid, source, part.seq(), copied, *(b - a for a, b in zip(steps, steps[1:])))
         return copied
 
 
