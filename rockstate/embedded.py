@@ -41,6 +41,9 @@ class EmbeddedBackend:
     def scan(self, state, pid, prefix, after, limit):
         return self.store.scan(pid, state, prefix, after, limit)
 
+    def scan_many(self, state, pages_by_pid):
+        return {pid: self.store.scan(pid, state, prefix, after, limit, stop) for pid, (prefix, after, stop, limit) in pages_by_pid.items()}
+
     def count(self, state: str) -> int:
         return sum(self.store.partition(pid).count(state)[0] for pid in self.store.owned())
 

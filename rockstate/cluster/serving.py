@@ -29,6 +29,7 @@ class DataHandlers:
             p.CompareAndSet: self.compare_and_set,
             p.Read: self.read,
             p.Scan: self.scan,
+            p.ScanMany: self.scan_many,
             p.Stage: self.stage,
             p.StageDone: self.stage_done,
             p.AdvanceBatches: self.advance_batches,
@@ -77,6 +78,18 @@ class DataHandlers:
     async def scan(self, msg: p.Scan, conn) -> list:
         pid = self.gate.check(msg.partition, msg.epoch)
         return await self._acknowledged([(pid, None)], self.store.scan(pid, msg.state, msg.prefix, msg.after, msg.limit))
+
+    async def scan_many(self, msg: p.ScanMany, conn) -> list:
+        groups = [(self.gate.check(pid, msg.epoch), page) for pid, page in _groups(msg)]
+        for pid, page in groups:
+            if type(page) is not list or len(page) != 4 or type(page[3]) is not int or not 1 <= page[3] <= p.MAX_SCAN_LIMIT:
+                raise ProtocolError(f"a 'scan_many' group of partition {pid} is [prefix, after, stop, limit <= "
+                                    f"{p.MAX_SCAN_LIMIT}], not {page!r:.100}")
+        await self.acknowledged([pid for pid, _ in groups])
+        try:
+            return [self.store.scan(pid, msg.state, prefix, after, limit, stop) for pid, (prefix, after, stop, limit) in groups]
+        except (KeyError, TypeError, ValueError) as e:
+            raise not_bytes(e, "a 'scan_many' message")
 
     # -- staged batches (exactly-once) ------------------------------------------------
 

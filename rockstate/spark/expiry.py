@@ -57,11 +57,12 @@ def clean(handle, batch, pids: Sequence[int], now: int) -> int:
     index = handle.ttl_index
     found: dict[str, list[tuple[bytes, bytes, int]]] = {}
     seen: dict[int, list[bytes]] = {}
-    for pid in pids:
-        for data in scan_before(handle.backend, index, pid, b"", time_key(now + 1)):
+    for pid, entries in scan_before(handle.backend, index, pids, b"", time_key(now + 1)).items():
+        for data in entries:
             state, key, user_key = parse(data)
             found.setdefault(state, []).append((key, user_key, pid))
-            seen.setdefault(pid, []).append(data)
+        if entries:
+            seen[pid] = entries
     deleted = 0
     for state, items in found.items():
         owner = handle.ttl_handles().get(state)

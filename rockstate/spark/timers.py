@@ -6,7 +6,8 @@ partition of their key::
     b"t" + time + key   one entry per timer, the index by time: finding what
                         expired is a scan from the start that stops at the
                         first later timer, so it costs what expires, not the
-                        number of keys
+                        number of keys (a task scans all its partitions with
+                        one request per owner)
     b"k" + key          one entry per key: its timers' times (``list_timers``),
                         read with the key's other states in one request per
                         owner for a whole batch of keys
@@ -48,17 +49,22 @@ def _ms(data: bytes) -> int:
     return _TIME.unpack(data)[0] - _OFFSET
 
 
-def scan_before(backend, state: str, pid: int, prefix: bytes, stop: bytes) -> list[bytes]:
-    """The committed keys under ``prefix`` below ``stop``, in pages that grow while they come back full."""
-    out, after, page_size = [], None, PAGE
-    while True:
-        page = backend.scan(state, pid, prefix, after, page_size)
-        keys = [k for k, _ in page]
-        kept = [k for k in keys if k < stop]
-        out.extend(kept)
-        if len(kept) < len(keys) or len(page) < page_size:
-            return out
-        after, page_size = keys[-1], min(page_size * 2, MAX_PAGE)
+def scan_before(backend, state: str, pids: Iterable[int], prefix: bytes, stop: bytes) -> dict[int, list[bytes]]:
+    """Per partition, the committed keys under ``prefix`` below ``stop``: one request per owner for a page of every
+    partition, then again for those whose page came back full, in pages that grow."""
+    out: dict[int, list[bytes]] = {pid: [] for pid in pids}
+    pending = dict.fromkeys(out)  # pid -> the last key read
+    page_size = PAGE
+    while pending:
+        pages = backend.scan_many(state, {pid: (prefix, after, stop, page_size) for pid, after in pending.items()})
+        for pid, page in pages.items():
+            out[pid].extend(k for k, _ in page)
+            if len(page) < page_size:
+                del pending[pid]
+            else:
+                pending[pid] = page[-1][0]
+        page_size = min(page_size * 2, MAX_PAGE)
+    return out
 
 
 class TimerValues:
@@ -140,8 +146,8 @@ class TimerView:
         pids = set(pids)
         found: set[tuple[int, bytes, int]] = set()
         overlay = self.overlay
-        for pid in sorted(pids):
-            for k in scan_before(self.backend, self.state, pid, BY_TIME, BY_TIME + time_key(bound + 1)):
+        for pid, keys in scan_before(self.backend, self.state, sorted(pids), BY_TIME, BY_TIME + time_key(bound + 1)).items():
+            for k in keys:
                 ms, key = _ms(k[1:9]), k[9:]
                 if overlay.get(key, {}).get(ms, True):
                     found.add((ms, key, pid))

@@ -327,10 +327,13 @@ class Partition:
         now = now_ms()
         return [v[8:] if v is not None and _EXPIRY.unpack_from(v)[0] > now else None for v in values]
 
-    def scan(self, state: str, prefix: bytes = b"", after: bytes | None = None, limit: int | None = None) -> list[tuple[bytes, bytes]]:
-        """Live entries whose key starts with ``prefix``, in key order, after ``after``, at most ``limit``."""
+    def scan(self, state: str, prefix: bytes = b"", after: bytes | None = None, limit: int | None = None,
+             stop: bytes | None = None) -> list[tuple[bytes, bytes]]:
+        """Live entries whose key starts with ``prefix``, in key order, after ``after`` and before ``stop``, at most ``limit``."""
         out = []
         for key, value in self._iter(state, prefix, after):
+            if stop is not None and key >= stop:
+                break
             out.append((key, value))
             if limit is not None and len(out) >= limit:
                 break

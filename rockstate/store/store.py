@@ -192,8 +192,9 @@ class Store:
     def get_many(self, pid: int, state: str, keys: list[bytes]) -> list[bytes | None]:
         return self.partition(pid).get_many(state, keys)
 
-    def scan(self, pid: int, state: str, prefix: bytes = b"", after: bytes | None = None, limit: int | None = None):
-        return self.partition(pid).scan(state, prefix, after, limit)
+    def scan(self, pid: int, state: str, prefix: bytes = b"", after: bytes | None = None, limit: int | None = None,
+             stop: bytes | None = None):
+        return self.partition(pid).scan(state, prefix, after, limit, stop)
 
     def stats(self, pids: Iterable[int] | None = None) -> dict:
         """Live entries and bytes per state, and per partition (exact: it reads every entry)."""

@@ -11,7 +11,7 @@ import pytest
 from rockstate.cluster import protocol as p
 from rockstate.cluster.client import ClusterBackend
 from rockstate.cluster.local import LocalCluster, wait_until
-from rockstate.errors import ClusterTimeoutError, InvalidKeyError, NotOwnerError, StateKindError, UnknownStateError
+from rockstate.errors import ClusterTimeoutError, InvalidKeyError, NotOwnerError, ProtocolError, StateKindError, UnknownStateError
 from rockstate.rpc.client import Channel
 
 
@@ -69,6 +69,25 @@ def test_scan_count_map_and_list_state_over_the_network(cluster):
         v.put_many({("a", i): i for i in range(1200)})
         assert v.count() == 1200
         assert sorted(v.keys()) == sorted(("a", i) for i in range(1200))
+
+
+def test_scan_many_pages_every_partition_with_one_request_per_owner(cluster):
+    """``scan_many``: a page of each partition up to a stop key, as ``scan`` gives it; a bad page is refused."""
+    with cluster.connect() as rs:
+        backend = rs.backend
+        rs.value_state("net-pages").put_many({f"order-{i:05d}": i for i in range(3000)})
+        pids = range(backend.partitions)
+        whole = {pid: backend.scan("net-pages", pid, b"", None, 5000) for pid in pids}
+        stop = sorted(k for page in whole.values() for k, _ in page)[1500]
+        pages = backend.scan_many("net-pages", {pid: (b"", None, stop, 5000) for pid in pids})
+        assert pages == {pid: [e for e in whole[pid] if e[0] < stop] for pid in pids}
+        assert sum(map(len, pages.values())) == 1500
+        first = next(pid for pid in pids if len(whole[pid]) > 3)
+        after = whole[first][0][0]
+        assert backend.scan_many("net-pages", {first: (b"", after, None, 2)}) == {first: whole[first][1:3]}
+        with pytest.raises(ProtocolError, match="scan_many"):
+            backend.scan_many("net-pages", {first: (b"", None, None, 0)})
+        assert backend.scan("net-pages", first, b"", None, 1) == whole[first][:1]  # still serving
 
 
 def test_errors_cross_the_wire_as_their_own_types(cluster):

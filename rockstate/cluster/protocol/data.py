@@ -51,6 +51,16 @@ class Scan(Ranged, Message):
     limit: int = 1000
 
 
+class ScanMany(Message):
+    """Pages of several partitions of one owner: ``groups`` is [[pid, [prefix, after, stop, limit]], ...], each a
+    ``Scan`` that also stops before the key ``stop`` (None: at the prefix's end); answers [[[key, value], ...], ...]."""
+
+    op = "scan_many"
+    epoch: int
+    state: str
+    groups: list
+
+
 # -- served by a node: staged micro-batch transactions (see store/staging.py) -------
 
 
