@@ -184,7 +184,8 @@ class Partition:
         """A backup: its primary's batch ``seq``, as the primary stored it (its sequence number included)."""
         with self.lock:
             for state in {op[1] for op in stored}:
-                self.ensure_state(state)
+                if state not in self._families:  # a new state only: the lock again costs a GIL round per batch
+                    self.ensure_state(state)
             self._open().write(self._batch(stored))
             self._seq = seq
 
