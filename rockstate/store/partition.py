@@ -280,12 +280,14 @@ class Partition:
                 old = pending[state, key] if (state, key) in pending else self.get_many(state, [key])[0]
                 pending[state, key] = new = (old or b"") + value
                 batch.put(key, header + new if header else new, handle)
-                as_stored = (RAW_PUT, state, key, header + new if header else new)
+                if header:  # the expiry is the primary's clock's: the whole value (without TTL a backup appends alike)
+                    as_stored = (RAW_PUT, state, key, header + new)
             elif op == RAW_PUT:
                 batch.put(key, value, handle)
                 self._track(pending, state, [key], [value[8:] if header and value is not None else value])
             elif op == RAW_PUT_MANY:  # a backup applying its primary's batch
                 _each(batch.put, key, value, repeat(handle))
+                self._track(pending, state, key, [v[8:] for v in value] if header else value)
             elif op == DELETE_RANGE:
                 batch.delete_range(key, value, handle)
             elif op == DELETE_PREFIX:
