@@ -13,8 +13,8 @@ Replication. On a replicated partition's primary, ``shipper`` is set: every
 write (whatever made it: a client's write or compare-and-set, a staged
 batch, a request id, a TTL deletion) gets the next sequence number, stored in
 the same WriteBatch (state ``_replication``), and is handed to the shipper as
-it was stored (``RAW_PUT``s with their TTL headers, appends resolved), under
-the lock, so in the order it was applied. A backup applies those batches with
+it was stored (``RAW_PUT``s with their TTL headers; an append as its item, the
+whole list only in a TTL state), under the lock, so in the order it was applied. A backup applies those batches with
 ``apply_replicated``; ``backup`` keeps its own sweeps off it.
 """
 
