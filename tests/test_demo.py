@@ -3,7 +3,10 @@
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.timeout(600)  # the run's own timeout: a loaded machine takes several times its ~1 minute
 def test_demo_verifies_the_materialized_table():
     result = subprocess.run([sys.executable, "-m", "rockstate.cli", "demo", "--events", "6000", "--files", "4"],
                             capture_output=True, text=True, timeout=600)

@@ -23,12 +23,12 @@ def _load_script():
 
 def test_short_soak_passes_and_prints_the_verdict_table():
     result = subprocess.run(
-        [sys.executable, SCRIPT, "--seconds", "15", "--nodes", "2", "--memory-mib", "16", "--keys", "2000000", "--progress", "5",
+        [sys.executable, SCRIPT, "--seconds", "15", "--nodes", "2", "--memory-mib", "8", "--keys", "2000000", "--progress", "5",
          # without backups: the replication log a replica keeps in memory is not charged to memory_bytes
          # (docs/guarantees.md, the RSS row), so the bound is verified at backup_count 0 only
          "--backup-count", "0"],
         capture_output=True, text=True, timeout=120,
-    )
+    )  # an 8 MiB cap (the smallest allowed): a loaded machine's 15 s still write more than it, as the verdict needs
     out = result.stdout
     assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
     assert re.search(r"^node\s+idle\s+median\s+p99\s+max\s+cap\s+margin\s+bound\s+sst\s+verdict$", out, re.M), out

@@ -11,6 +11,7 @@ from rockstate.testing.chaos import KINDS, draw_schedule
 from rockstate.testing.faults import FaultPlan, read_log
 
 
+@pytest.mark.timeout(900)  # the run's own timeout: a loaded machine takes several times its ~2 minutes
 def test_the_pipeline_gives_the_exact_answer_through_kills_membership_changes_and_storage_faults(capsys):
     # twice the default error rate: a short run then meets a storage error with near certainty (~10 expected);
     # with the default backup: the killed node's partitions are promoted, and the pipeline checkpoints every 2 batches

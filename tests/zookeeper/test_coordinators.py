@@ -34,12 +34,10 @@ def ha_cluster(tmp_path, zookeeper, nodes: int = 3, **options) -> LocalCluster:
                         coordinator_settings={"cluster_name": f"ha-{uuid.uuid4().hex[:8]}"}, **{"coordinators": 3, **options})
 
 
-def new_leader(cluster: LocalCluster, killed: int, timeout: float) -> float:
-    """Seconds until a coordinator other than ``killed`` leads and answers."""
-    started = time.monotonic()
+def new_leader(cluster: LocalCluster, killed: int, timeout: float) -> None:
+    """Until a coordinator other than ``killed`` leads and answers (how soon: bench/coordinator_failover.py)."""
     wait_until(lambda: cluster.status()["coordinators"]["leader"] not in (None, cluster.coordinator_addresses[killed]),
                timeout, "a standby to lead")
-    return time.monotonic() - started
 
 
 def owners_as_the_nodes_see_them(cluster: LocalCluster) -> dict[int, list[str]]:
@@ -73,7 +71,7 @@ def test_kill_9_of_the_leader_under_steady_writes_a_standby_leads_and_nothing_is
         with Workload(cluster, history, keys) as load:
             load.wait_ops(30)
             killed = cluster.kill_leader()
-            took = new_leader(cluster, killed, SESSION + 5)
+            new_leader(cluster, killed, SESSION + 5)
             load.wait_ops(30)  # the clients followed the new leader, and the nodes kept serving
         status = cluster.status()
         survivors = [a for i, a in enumerate(cluster.coordinator_addresses) if i != killed]
@@ -83,7 +81,7 @@ def test_kill_9_of_the_leader_under_steady_writes_a_standby_leads_and_nothing_is
         assert cluster.status()["epoch"] > epoch and "member_dead" not in events_of(cluster)
     report = check_history(history.operations())
     assert report.ok, report.violations[:3]
-    assert load.kinds()["write"] > 0 and took <= SESSION + 1.0 + 1.0  # + 1 s of polling status through a new client
+    assert load.kinds()["write"] > 0
 
 
 @pytest.mark.timeout(120)
@@ -212,7 +210,7 @@ def test_a_leader_cut_off_from_zookeeper_but_not_from_the_nodes_steps_down_and_t
             epoch = cluster.status()["epoch"]
 
             link.cut()  # the leader loses ZooKeeper, but nodes and clients still reach it
-            took = new_leader(cluster, linked, SESSION + 5)
+            new_leader(cluster, linked, SESSION + 5)
             later = {str(uuid.UUID(int=i)): {"amount": f"{i}.70"} for i in range(300, 400)}
             state.put_many(later)  # the nodes heartbeat to the successor: their leases are renewed there
             wait_until(lambda: cluster.status()["epoch"] > epoch, 15, "the successor to publish its table")
@@ -224,6 +222,5 @@ def test_a_leader_cut_off_from_zookeeper_but_not_from_the_nodes_steps_down_and_t
             link.heal()  # its session expired meanwhile: it comes back as a standby
             wait_until(lambda: cluster.coordinator_addresses[linked] in cluster.status()["coordinators"]["standbys"], 15,
                        "the cut-off coordinator to stand by")
-            assert took <= SESSION + 1.0 + 1.0
     finally:
         link.close()
