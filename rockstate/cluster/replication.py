@@ -20,9 +20,7 @@ or has not applied a batch sent ``replica_timeout`` ago, is reported
 table (a newer replica epoch without it in sync) says otherwise. A backup that
 applied everything sent is reported ``caught_up``.
 
-A backup applies its primary's batches in order (``BackupApply``: older
-replica epochs are refused as ``stale``, gaps answered with its position, a
-resend skipped). A new or returning backup catches up by a hard-link copy
+A backup applies its primary's batches in order (``replica_apply.py``). A new or returning backup catches up by a hard-link copy
 and the batches after it (``replica_copies.py``).
 """
 
@@ -36,22 +34,21 @@ from collections import deque
 from typing import Awaitable, Callable
 
 from ..control.write_acks import BackupApply, PrimaryAcks
-from ..errors import PartitionUnavailableError, ReplicaBehindError, RockstateError, StaleEpochError
+from ..errors import PartitionUnavailableError, RockstateError
 from ..rpc.async_client import AsyncChannel
 from ..store import Store
 from ..ops import RAW_PUT
 from ..store.partition import REPLICATION
 from . import protocol as p
+from .replica_apply import TAIL, BackupSide
 from .replica_copies import ReplicaCopies
 from .table import Table
 
 log = logging.getLogger(__name__)
 
-TAIL = 64  # batches every replica keeps past what its backups applied: a promoted one resends its tail from them
 MAX_LOG = 200_000  # batches a primary keeps for a backup behind; one further behind catches up anew
 MAX_ITEMS_BYTES = 8 << 20  # per ReplicaApply, roughly
 MAX_ITEMS = 2000  # batches per ReplicaApply
-INLINE_ITEMS = 64  # a backup applies up to this many on its loop, more in a thread
 
 
 def _under_lock(part, action) -> None:
@@ -72,7 +69,7 @@ def stored_bytes(stored: list) -> int:
     return size
 
 
-class NodeReplication:
+class NodeReplication(BackupSide):
     def __init__(self, store_of: Callable[[], Store], node_id: Callable[[], str], peer: Callable[[str], AsyncChannel],
                  report: Callable[[list], Awaitable[None]], owns: Callable[[int], bool],
                  retired: Callable[[int], Awaitable[None]]) -> None:
@@ -364,43 +361,6 @@ class NodeReplication:
         except RockstateError as e:
             log.warning("could not report %s to the coordinator: %s", reports, e)
 
-    # -- the backup --------------------------------------------------------------------
-
-    async def apply(self, msg: p.ReplicaApply, conn) -> list:
-        if len(msg.items) <= INLINE_ITEMS:  # the steady stream: a thread hop would cost more than the writes
-            return self._apply(msg.items)
-        return await asyncio.to_thread(self._apply, msg.items)  # off the loop: a catching-up backup gets thousands
-
-    def _apply(self, items: list) -> list:
-        answers: dict[int, list] = {}
-        for pid, epoch, seq, stored in items:
-            backup = self.applies.get(pid)
-            if backup is None:
-                answers[pid] = [pid, 0, "not_ready"]
-                continue
-            if answers.get(pid, [0, 0, "ok"])[2] != "ok":
-                continue
-            if stored is None:  # the primary asks where this copy is
-                answers[pid] = [pid, backup.last_applied, "ok"]
-                continue
-            try:
-                if backup.check(epoch, seq):
-                    self.store.partition(pid).apply_replicated(seq, stored)
-                    backup.applied(seq)
-                    self.logs.setdefault(pid, deque(maxlen=TAIL)).append((seq, stored))
-                status = "ok"
-            except StaleEpochError:
-                status = "stale"
-            except ReplicaBehindError:
-                status = "behind"
-            except RockstateError:  # its copy closed meanwhile (dropped, replaced)
-                status = "not_ready"
-            answers[pid] = [pid, backup.last_applied, status]
-        return list(answers.values())
-
-    async def positions(self, msg: p.ReplicaPositions, conn) -> dict:
-        return {pid: self.applies[pid].last_applied for pid in msg.partitions if pid in self.applies}
-
     async def drained(self, pid: int) -> int:
         """A frozen partition handed to a backup: its own sweeps stop (they write); answers its last batch once every
         backup it waits for applied it."""
@@ -415,9 +375,6 @@ class NodeReplication:
         """A drain undone: the primary's sweeps go on."""
         if pid in self.acks:
             self.store.partition(pid).backup = False
-
-    def backup_copy(self, pid: int) -> bool:
-        return pid in self.applies
 
     async def stop(self) -> None:
         self._stopping = True
