@@ -9,7 +9,6 @@ so a worker starts its Spark session once.
 LONGEST_FIRST = (
     "tests/test_demo.py",
     "tests/chaos/",
-    "tests/zookeeper/test_pipeline.py",
     "tests/test_readme.py",
     "tests/zookeeper/test_coordinators.py",
     "tests/test_soak.py",

@@ -10,7 +10,8 @@
   backup copies the partition from its primary), those it no longer wants
   dropped; a backup out of sync for longer than a few replica timeouts
   without a catch-up under way catches up anew (it restarted, or fell too far
-  behind for the primary's log).
+  behind for the primary's log); one out of sync when this coordinator starts
+  leading (a restart, a takeover), at its first round.
 - ``report``: a primary's ``caught_up``, ``unreachable`` and ``diverged``
   (its copy was restored or got an SST file: the backup copies it anew at
   once); each changes the in-sync set with an epoch bump, published before
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -59,7 +61,10 @@ class ReplicaControl:
         else:
             self.sets = InSyncSets(self.backup_count, [[o] if o else [] for o in coordinator.table.owners])
         self.zones: dict[str, str] = saved.get("zones", {})
-        self._out_of_sync: dict[tuple[int, str], float] = {}  # since when, as this coordinator saw it
+        # since when, as this coordinator saw it. A backup out of sync when it starts leading is due at once: a copy
+        # the last leader started is not known here (one still under way on the node is joined there, not repeated)
+        self._out_of_sync: dict[tuple[int, str], float] = {
+            (pid, b): -math.inf for pid, s in enumerate(self.sets.sets) for b in s.backups if b not in s.in_sync}
         self._limit: asyncio.Semaphore | None = None
 
     @property

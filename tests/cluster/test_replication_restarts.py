@@ -93,7 +93,7 @@ def test_a_node_that_leaves_gracefully_does_not_join_again(tmp_path):
     """The leaving node heartbeats until it exits; a heartbeat answered "not a member" once the coordinator let it go
     must not register it again: it would be handed partitions and backups as it exits, and its partitions would wait
     for its death to be noticed (or be restored from the checkpoint)."""
-    with LocalCluster(nodes=3, partitions=32, root=str(tmp_path / "cluster"), heartbeat_timeout=HEARTBEAT_TIMEOUT,
+    with LocalCluster(nodes=3, partitions=16, root=str(tmp_path / "cluster"), heartbeat_timeout=HEARTBEAT_TIMEOUT,
                       backup_count=1) as cluster:
         with cluster.connect(retry_timeout=30) as rs:
             keys = order_keys(rs)
