@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 
 from pydantic import ByteSize, TypeAdapter, ValidationError
@@ -61,7 +62,18 @@ def _serve(coroutine) -> None:
     request less than asyncio's own (a fifth of a node's CPU for a batch read, measured)."""
     import uvloop
 
+    parent = os.environ.get("ROCKSTATE_PARENT_PID")
+    if parent:
+        threading.Thread(target=_exit_with, args=(int(parent),), name="exit-with-parent", daemon=True).start()
     uvloop.run(coroutine)
+
+
+def _exit_with(parent: int) -> None:
+    """A LocalCluster's process (it sets ROCKSTATE_PARENT_PID) ends, as if killed, once the process that started it is
+    gone: a test or demo killed by a timeout must not leave its servers running."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
 
 
 def cmd_coordinator(args: argparse.Namespace) -> None:

@@ -59,7 +59,7 @@ class ProcessRunner:
     def _spawn(self, args: list[str], name: str) -> subprocess.Popen:
         """``name``'s process (its log: ``name``.log); the host's prefix execs it, so its PID is the process's."""
         log = open(os.path.join(self.logs, f"{name}.log"), "ab")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "ROCKSTATE_PARENT_PID": str(os.getpid())}  # it ends with this process
         try:
             return subprocess.Popen([*self.hosts(name)[1], sys.executable, "-m", "rockstate.cli", *args], stdout=log,
                                     stderr=subprocess.STDOUT, env=env)
