@@ -157,7 +157,18 @@ class Coordinator(ClusterAnswers, MemberHandlers, Leading):
     def _spawn(self, coro) -> None:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        """A background task's end; a failure is said (the monitor redoes what is still due), a bug loudly."""
+        self._tasks.discard(task)
+        if task.cancelled() or task.exception() is None:
+            return
+        e = task.exception()
+        if isinstance(e, (RockstateError, OSError)):
+            log.warning("%s failed: %s", task.get_coro().__qualname__, e)
+        else:
+            log.error("%s failed", task.get_coro().__qualname__, exc_info=e)
 
     # -- life cycle --------------------------------------------------------
 
@@ -282,7 +293,11 @@ class Coordinator(ClusterAnswers, MemberHandlers, Leading):
                 async with limit:
                     await self._move(move)
 
-            await asyncio.gather(*(one(mv) for mv in planned))
+            # every move ends before the lock is let go: a failed one must not leave the others running beside the
+            # next rebalance (it would plan the same partitions again, and two handovers of one would race)
+            failed = [r for r in await asyncio.gather(*(one(mv) for mv in planned), return_exceptions=True) if r is not None]
+            if failed:
+                raise failed[0]
             if self._restore_on_start and None not in self.table.owners:
                 self._restore_on_start = False
                 chk = self.checkpoints.latest()

@@ -193,7 +193,8 @@ class InSyncSets:
         s.in_sync.discard(source)
         s.primary = node
         s.in_sync.add(node)
-        return [self._publish(pid)]
+        # a backup out of sync has no position in the new primary's stream: it copies from the new primary now
+        return [self._publish(pid), *(CatchUp(pid, b, node) for b in s.backups if b not in s.in_sync)]
 
     def drop(self, pid: int, node: str) -> list[Action] | None:
         s = self.sets[pid]

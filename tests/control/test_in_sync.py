@@ -42,6 +42,13 @@ def test_a_handover_may_promote_a_confirmed_backup_a_late_report_took_out_of_the
     assert sets.promote(0, "node-2", source="node-1") == [Publish(0, 3, "node-2", (), ("node-2",))]
 
 
+def test_a_backup_out_of_sync_when_its_primary_hands_over_copies_from_the_new_primary_at_once():
+    sets = InSyncSets(2, [["node-1", "node-2", "node-3"]])
+    sets.unreachable(0, "node-3", epoch=1)
+    assert sets.promote(0, "node-2", source="node-1") == [Publish(0, 3, "node-2", ("node-3",), ("node-2",)),
+                                                           CatchUp(0, "node-3", "node-2")]
+
+
 def test_a_drop_waits_while_its_replacement_catches_up():
     sets = InSyncSets(1, [["node-1", "node-2"]])
     sets.add_backup(0, "node-3")
