@@ -109,8 +109,8 @@ class LocalCluster:
 
                 self.zookeeper_server = ZooKeeperServer(os.path.join(self.root, "zookeeper")).start()
                 self.zookeeper = self.zookeeper_server.hosts
-            self.coordinator_addresses = [self._runner.start_coordinator(self._coordinator_config(0, i), i)
-                                          for i in range(self.coordinator_count)]
+            self.coordinator_addresses = self._runner.start_coordinators(
+                {i: self._coordinator_config(0, i) for i in range(self.coordinator_count)})
             self.address = ",".join(self.coordinator_addresses)
             self._start_nodes([self._new_data_dir(None) for _ in range(self._initial_nodes)])
             self.wait_replicated()
@@ -143,7 +143,7 @@ class LocalCluster:
         CoordinatorConfig fields for it (its own ``zookeeper`` address: a proxy, in tests)."""
         port = int(self.coordinator_addresses[index].rsplit(":", 1)[1])
         config = self._coordinator_config(port, index).model_copy(update=settings)
-        self._runner.start_coordinator(config, index)
+        self._runner.start_coordinators({index: config})
 
     def leader(self) -> int:
         """The index of the leading coordinator (in ``coordinator_addresses``)."""

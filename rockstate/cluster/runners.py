@@ -77,9 +77,11 @@ class ProcessRunner:
 
         return wait_until(ready, START_TIMEOUT, f"{what} to start")
 
-    def start_coordinator(self, config: CoordinatorConfig, index: int = 0) -> str:
-        proc = self.coordinators[index] = self._spawn(["coordinator", *self._flags(config)], f"coordinator{index or ''}")
-        return self._address_of(proc, config.data_dir, "the coordinator")["address"]
+    def start_coordinators(self, configs: dict[int, CoordinatorConfig]) -> list[str]:
+        """Start these coordinators (index -> config) all at once; their addresses, in that order."""
+        for index, config in configs.items():
+            self.coordinators[index] = self._spawn(["coordinator", *self._flags(config)], f"coordinator{index or ''}")
+        return [self._address_of(self.coordinators[i], c.data_dir, "the coordinator")["address"] for i, c in configs.items()]
 
     def start_nodes(self, configs: list[NodeConfig]) -> list[NodeInfo]:
         procs = [self._spawn(["node", *self._flags(c)], os.path.basename(c.data_dir)) for c in configs]
@@ -149,13 +151,13 @@ class ThreadRunner:
     def _run(self, coro, timeout: float = START_TIMEOUT):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-    def start_coordinator(self, config: CoordinatorConfig, index: int = 0) -> str:
-        async def start():
+    def start_coordinators(self, configs: dict[int, CoordinatorConfig]) -> list[str]:
+        async def start(index, config):
             coordinator = self.coordinators[index] = Coordinator(config)
             await coordinator.start()
             return coordinator.address
 
-        return self._run(start())
+        return [self._run(start(index, config)) for index, config in configs.items()]
 
     def start_nodes(self, configs: list[NodeConfig]) -> list[NodeInfo]:
         async def start(config):
