@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 MAX_LOG = 200_000  # batches a primary keeps for a backup behind; one further behind catches up anew
 MAX_ITEMS_BYTES = 8 << 20  # per ReplicaApply, roughly
 MAX_ITEMS = 2000  # batches per ReplicaApply
+FULL_EVERY = 0.1  # seconds between a sender's looks over all its partitions while writes flow
 
 
 def _under_lock(part, action) -> None:
@@ -83,6 +84,7 @@ class NodeReplication(BackupSide):
         self.sent: dict[tuple[str, int], int] = {}  # (backup, pid) -> its position as the primary knows it
         self._waiters: dict[int, list[tuple[int, asyncio.Future]]] = {}
         self._wake: dict[str, asyncio.Event] = {}
+        self._dirty: dict[str, set[int]] = {}  # backup -> partitions with batches for it since its last send
         self._senders: dict[str, asyncio.Task] = {}
         self._reported: dict[tuple[int, str, str], float] = {}
         self.catching_up: dict[int, asyncio.Task] = {}  # pid -> its catch-up (replica_copies.py)
@@ -221,6 +223,7 @@ class NodeReplication(BackupSide):
         self._resolve(pid, [])  # async: acknowledged when sent
         for b in self.table.backups_of(pid):
             if b in self._wake:
+                self._dirty.setdefault(b, set()).add(pid)
                 self._wake[b].set()
 
     async def acknowledged(self, pids) -> None:
@@ -256,36 +259,51 @@ class NodeReplication(BackupSide):
         self._waiters[pid] = keep
 
     async def _send_loop(self, node: str) -> None:
-        wake = self._wake[node]
-        while not self._stopping:  # not only cancellation: wait_for can swallow one that crosses its timeout
-            if not wake.is_set():
+        """Sends a backup its partitions' new batches as they come (only the partitions written since: the next
+        write waits on it), and looks over all of them (lags, reports, probes, the logs' trim) every FULL_EVERY
+        seconds while writes flow, a quarter replica timeout while none do, and when woken by a new table."""
+        wake, last_full = self._wake[node], 0.0
+        while not self._stopping:
+            woken = wake.is_set()
+            if not woken:
                 try:
-                    await asyncio.wait_for(wake.wait(), self.timeout() / 4)
+                    async with asyncio.timeout(self.timeout() / 4):
+                        woken = await wake.wait()
                 except TimeoutError:
                     pass
             wake.clear()
+            now = time.monotonic()
+            full = not woken or not self._dirty.get(node) or now - last_full > FULL_EVERY
+            if full:
+                last_full = now
             try:
-                await self._send_once(node)
+                await self._send_once(node, full)
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 -- a sender must go on: log and retry
                 log.exception("replication to %s failed", node)
                 await asyncio.sleep(0.1)
 
-    async def _send_once(self, node: str) -> None:
+    async def _send_once(self, node: str, full: bool = True) -> None:
         now, items, size, carried = time.monotonic(), [], 0, {}
-        pids = [pid for pid in self.acks if node in self.table.backups_of(pid)]
+        dirty = self._dirty.pop(node, set())
+        backs = self.table.backups_of
+        pids = [pid for pid in (self.acks if full else dirty) if pid in self.acks and node in backs(pid)]
         for pid in pids:
             acks = self.acks[pid]
-            if node in acks.overdue(now, self.timeout()):
-                self._report(pid, node, "unreachable")
-                self._resolve(pid, [])  # a late joining backup is waited for no more
-            if node in acks.reported:  # until the coordinator's table has it in sync (a report may have crossed a change)
-                self._report(pid, node, "caught_up")
             start = self.sent.get((node, pid))
-            if start is None and node in acks.in_sync:
-                self._report(pid, node, "diverged")  # its copy is not this primary's any more (a restore, an ingest)
-            if start is None or size > MAX_ITEMS_BYTES or len(items) >= MAX_ITEMS:
+            if full:
+                if node in acks.overdue(now, self.timeout()):
+                    self._report(pid, node, "unreachable")
+                    self._resolve(pid, [])  # a late joining backup is waited for no more
+                if node in acks.reported:  # until the coordinator's table has it in sync (a report may have crossed a change)
+                    self._report(pid, node, "caught_up")
+                if start is None and node in acks.in_sync:
+                    self._report(pid, node, "diverged")  # its copy is not this primary's any more (a restore, an ingest)
+            if start is None:
+                continue
+            if size > MAX_ITEMS_BYTES or len(items) >= MAX_ITEMS:
+                self._dirty.setdefault(node, set()).add(pid)  # the rest next time
                 continue
             entries = self._log_after(pid, start)
             if entries is None:
@@ -293,14 +311,16 @@ class NodeReplication(BackupSide):
                 continue
             for seq, stored in entries:
                 if items and (size > MAX_ITEMS_BYTES or len(items) >= MAX_ITEMS):
-                    break  # the rest next time (a backup applies a partition's batches in order)
+                    self._dirty.setdefault(node, set()).add(pid)  # the rest next time (a backup applies a partition's batches in order)
+                    break
                 items.append([pid, acks.epoch, seq, stored])
                 size += stored_bytes(stored)
             else:  # the whole log past its position: applying it, the backup is one request behind at most
                 carried[pid] = entries[-1][0] if entries else start
-            if not entries and node not in acks.waits():
+            if full and not entries and node not in acks.waits():
                 items.append([pid, acks.epoch, 0, None])  # a probe: is its copy open, is it caught up?
-        self._trim(pids)
+        if full:
+            self._trim(pids)
         if not items:
             return
         address = self.table.addresses.get(node)
@@ -321,13 +341,16 @@ class NodeReplication(BackupSide):
             if status == "not_ready":
                 continue
             self.sent[node, pid] = applied  # behind: resent from there
+            if applied < self.shipped_to.get(pid, 0):
+                self._dirty.setdefault(node, set()).add(pid)
             self._resolve(pid, acks.applied(node, applied))
             if node not in acks.in_sync and status == "ok" and acks.caught_up(node, carried.get(pid)):
                 self._report(pid, node, "caught_up")
             elif node not in acks.in_sync:
                 log.debug("backup %s of partition %d: %s at %d of %d (acked %d, joining %s)", node, pid, status, applied,
                           acks.last_sent, acks.acked, sorted(acks.joining))
-        self._wake[node].set()  # more may have queued meanwhile
+        if self._dirty.get(node):
+            self._wake[node].set()  # more queued meanwhile
 
     def _log_after(self, pid: int, seq: int) -> list | None:
         entries = self.logs[pid]
@@ -335,7 +358,13 @@ class NodeReplication(BackupSide):
             return []
         if entries[0][0] > seq + 1:
             return None
-        return [e for e in entries if e[0] > seq]
+        after = []
+        for e in reversed(entries):  # from the newest: the log keeps a tail of applied batches before them
+            if e[0] <= seq:
+                break
+            after.append(e)
+        after.reverse()
+        return after
 
     def _trim(self, pids) -> None:
         for pid in pids:
