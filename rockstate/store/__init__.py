@@ -2,7 +2,8 @@
 
 from ..ops import APPEND, DELETE, DELETE_MANY, DELETE_PREFIX, PUT, PUT_MANY
 from .catalog import KINDS, StateSpec, check_name
-from .partition import Partition, Resources
+from .partition import Partition
+from .resources import Resources
 from .store import Store
 
 __all__ = [

@@ -30,7 +30,8 @@ from ..files import read_json, write_json
 from . import requests
 from .catalog import StateSpec
 from .checks import check_compare_and_set, check_ops
-from .partition import Partition, Resources
+from .partition import Partition
+from .resources import Resources
 
 
 def partition_dir(pid: int) -> str:
