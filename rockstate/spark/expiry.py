@@ -58,11 +58,11 @@ def clean(handle, batch, pids: Sequence[int], now: int) -> int:
     found: dict[str, list[tuple[bytes, bytes, int]]] = {}
     seen: dict[int, list[bytes]] = {}
     for pid, entries in scan_before(handle.backend, index, pids, b"", time_key(now + 1)).items():
-        for data in entries:
+        for data, _ in entries:
             state, key, user_key = parse(data)
             found.setdefault(state, []).append((key, user_key, pid))
         if entries:
-            seen[pid] = entries
+            seen[pid] = [data for data, _ in entries]
     deleted = 0
     for state, items in found.items():
         owner = handle.ttl_handles().get(state)

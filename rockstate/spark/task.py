@@ -281,14 +281,14 @@ class TaskRunner:
             view = batch.view(handle.timer_state, "timers")
             expired = view.expired(pids, bound)
             if expired:
-                keys = [decode_key(k) for _, k, _ in expired]
+                keys = [decode_key(k) for k in expired.keys]
                 key_tuples = [k if isinstance(k, tuple) else (k,) for k in keys]
                 if self.mode == "handle_batch" and vectorized:
                     timers = pd.DataFrame(key_tuples, columns=self.keys)
-                    timers["expiry_time_ms"] = np.array([ms for ms, _, _ in expired], dtype=np.int64)
+                    timers["expiry_time_ms"] = expired.times
                     output.add(vectorized(timers, timer_values))
                 else:
-                    handle.prefetch([k for _, k, _ in expired], np.array([p for _, _, p in expired], dtype=np.int64), True)
+                    handle.prefetch(expired.keys, expired.pids, True)
                     for (ms, key, pid), key_tuple in zip(expired, key_tuples):
                         batch.current = (key, pid)
                         output.add(per_key(key_tuple, timer_values, ExpiredTimerInfo(ms)))

@@ -7,13 +7,17 @@ partition of their key::
                         expired is a scan from the start that stops at the
                         first later timer, so it costs what expires, not the
                         number of keys (a task scans all its partitions with
-                        one request per owner)
-    b"k" + key          one entry per key: its timers' times (``list_timers``),
-                        read with the key's other states in one request per
-                        owner for a whole batch of keys
+                        one request per owner); its value is a copy of the
+                        key's ``b"k"`` entry, so firing rewrites that entry
+                        without reading it
+    b"k" + key          one entry per key: its timers' times, sorted
+                        (``list_timers``), read with the key's other states in
+                        one request per owner for a whole batch of keys
 
 (``time`` is 8 bytes, big-endian, offset by 2**63 so negative times sort
-first; ``key`` is the key's rockstate encoding, which is prefix-free.)
+first; ``key`` is the key's rockstate encoding, which is prefix-free. An
+index value that is empty, as older versions wrote it, is read from the
+``b"k"`` entry instead.)
 
 Timers are state like any other: registering or deleting one is a write of
 the batch (staged as its version in a streaming query, so a re-run replaces
@@ -29,8 +33,10 @@ whose processing time (or watermark) reaches it.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from ..ops import DELETE_MANY, DELETE_RANGE, PUT_MANY
 
@@ -49,16 +55,21 @@ def _ms(data: bytes) -> int:
     return _TIME.unpack(data)[0] - _OFFSET
 
 
-def scan_before(backend, state: str, pids: Iterable[int], prefix: bytes, stop: bytes) -> dict[int, list[bytes]]:
-    """Per partition, the committed keys under ``prefix`` below ``stop``: one request per owner for a page of every
-    partition, then again for those whose page came back full, in pages that grow."""
-    out: dict[int, list[bytes]] = {pid: [] for pid in pids}
+def _times(data: bytes) -> np.ndarray:
+    """A ``b"k"`` entry's times."""
+    return (np.frombuffer(data, dtype=">u8") - np.uint64(_OFFSET)).astype(np.int64)
+
+
+def scan_before(backend, state: str, pids: Iterable[int], prefix: bytes, stop: bytes) -> dict[int, list[tuple[bytes, bytes]]]:
+    """Per partition, the committed entries under ``prefix`` below ``stop``: one request per owner for a page of
+    every partition, then again for those whose page came back full, in pages that grow."""
+    out: dict[int, list[tuple[bytes, bytes]]] = {pid: [] for pid in pids}
     pending = dict.fromkeys(out)  # pid -> the last key read
     page_size = PAGE
     while pending:
         pages = backend.scan_many(state, {pid: (prefix, after, stop, page_size) for pid, after in pending.items()})
         for pid, page in pages.items():
-            out[pid].extend(k for k, _ in page)
+            out[pid].extend(page)
             if len(page) < page_size:
                 del pending[pid]
             else:
@@ -97,8 +108,31 @@ class ExpiredTimerInfo:
         return self.expiry_time_in_ms
 
 
+@dataclass
+class Expired:
+    """The timers a fire finds, in time order, as columns: ``times`` (ms), ``keys`` (encoded), ``pids``; each row
+    is also a ``(time, key, partition)`` tuple."""
+
+    times: np.ndarray
+    keys: list[bytes]
+    pids: np.ndarray
+    entries: list[bytes]  # each key's ``b"k"`` entry as its index entry holds it (b"": not known)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __iter__(self) -> Iterator[tuple[int, bytes, int]]:
+        return zip(self.times.tolist(), self.keys, self.pids.tolist())
+
+
 class TimerView:
-    """One batch's view of an operator's timers: the committed index, overlaid by the batch's changes."""
+    """One batch's view of an operator's timers: the committed index, overlaid by the batch's changes.
+
+    Keys whose timers the batch changes go through the overlay (key -> time -> on/off, and the key's times as
+    stored, read once). Keys whose timers only fire take a column-wise path instead: each index entry carries its
+    key's times, so the key's new ``b"k"`` entry is what is left of them past the bound, with no read and no
+    per-timer bookkeeping.
+    """
 
     def __init__(self, backend, state: str) -> None:
         self.backend, self.state = backend, state
@@ -106,7 +140,8 @@ class TimerView:
         self.pids: dict[bytes, int] = {}
         self.changed: dict[tuple[bytes, int], bool] = {}  # this round's changes, for the index
         self.fired: dict[int, int] = {}  # partition -> the bound its timers fired up to in this round
-        self.rewrite: set[bytes] = set()  # keys whose entry this round changes
+        self.fired_keys: dict[bytes, tuple[int, bytes]] = {}  # key -> (partition, its entry) fired on the column path
+        self.rewrite: set[bytes] = set()  # keys whose entry this round changes through the overlay
         self.times: dict[bytes, set[int]] = {}  # a key's timers as the state holds them, once read
 
     def change(self, keys: Sequence[bytes], pids: Iterable[int], times: Iterable[int], on: bool) -> None:
@@ -131,7 +166,7 @@ class TimerView:
         for pid, ks in missing.items():
             for key, data in zip(ks, found[pid]):
                 if data:
-                    self.times[key] = {_ms(data[i:i + 8]) for i in range(0, len(data), 8)}
+                    self.times[key] = set(_times(data).tolist())
 
     def list(self, key: bytes, pid: int) -> list[int]:
         """The key's timers, in time order."""
@@ -141,62 +176,106 @@ class TimerView:
             (times.add if on else times.discard)(ms)
         return sorted(times)
 
-    def expired(self, pids: Iterable[int], bound: int) -> list[tuple[int, bytes, int]]:
-        """(time, key, partition) of every timer at or before ``bound`` on ``pids``, in time order."""
+    def expired(self, pids: Iterable[int], bound: int) -> Expired:
+        """Every timer at or before ``bound`` on ``pids``, in time order (ties in partition, then key order)."""
         pids = set(pids)
-        found: set[tuple[int, bytes, int]] = set()
-        overlay = self.overlay
-        for pid, keys in scan_before(self.backend, self.state, sorted(pids), BY_TIME, BY_TIME + time_key(bound + 1)).items():
-            for k in keys:
-                ms, key = _ms(k[1:9]), k[9:]
-                if overlay.get(key, {}).get(ms, True):
-                    found.add((ms, key, pid))
-        for key, times in overlay.items():
+        keys: list[bytes] = []
+        entries: list[bytes] = []
+        parts: list[int] = []
+        for pid, page in scan_before(self.backend, self.state, sorted(pids), BY_TIME, BY_TIME + time_key(bound + 1)).items():
+            keys.extend(k for k, _ in page)
+            entries.extend(v for _, v in page)
+            parts.extend([pid] * len(page))
+        times = _times(b"".join(k[1:9] for k in keys))
+        keys = [k[9:] for k in keys]
+        if not self.overlay:
+            order = np.argsort(times, kind="stable")  # merges the partitions' pages, each in time order
+            if (order[1:] < order[:-1]).any():
+                times, keys, entries, parts = times[order], [keys[i] for i in order], [entries[i] for i in order], [parts[i] for i in order]
+            return Expired(times, keys, np.array(parts, dtype=np.int64), entries)
+        # the batch's own changes: its deletions hide committed timers, its registrations add to them
+        rows = {(ms, key): (pid, entry) for ms, key, pid, entry in zip(times.tolist(), keys, parts, entries)
+                if self.overlay.get(key, {}).get(ms, True)}
+        for key, changes in self.overlay.items():
             if self.pids[key] in pids:
-                found.update((ms, key, self.pids[key]) for ms, on in times.items() if on and ms <= bound)
-        return sorted(found)
+                for ms, on in changes.items():
+                    if on and ms <= bound:
+                        rows.setdefault((ms, key), (self.pids[key], b""))
+        ordered = sorted(rows.items(), key=lambda row: (row[0][0], row[1][0], row[0][1]))
+        return Expired(np.array([ms for (ms, _), _ in ordered], dtype=np.int64), [key for (_, key), _ in ordered],
+                       np.array([pid for _, (pid, _) in ordered], dtype=np.int64), [entry for _, (_, entry) in ordered])
 
-    def fire(self, expired: Sequence[tuple[int, bytes, int]], bound: int) -> None:
-        """Delete the timers ``expired(pids, bound)`` gave: each partition's index up to ``bound`` with one range delete."""
-        for ms, key, pid in expired:
-            self.overlay.setdefault(key, {})[ms] = False
-            self.pids[key] = pid
-            self.changed.pop((key, ms), None)  # registered in this round: the range delete covers it
+    def fire(self, expired: Expired, bound: int) -> None:
+        """Delete the timers ``expired(pids, bound)`` gave: each partition's index up to ``bound`` with one range
+        delete (in ``finish``), and each key's entry rewritten there."""
+        for pid in np.unique(expired.pids).tolist():
             self.fired[pid] = bound
-            self.rewrite.add(key)
+        overlay, fired_keys = self.overlay, self.fired_keys
+        for ms, key, pid, entry in zip(expired.times.tolist(), expired.keys, expired.pids.tolist(), expired.entries):
+            if key in overlay or not entry:  # changed by the batch (its entry is not the stored one), or older data
+                overlay.setdefault(key, {})[ms] = False
+                self.changed.pop((key, ms), None)  # registered in this round: the range delete covers it
+                self.pids[key] = pid
+                self.rewrite.add(key)
+            else:
+                fired_keys[key] = (pid, entry)
 
     def finish(self, writer, keep: bool) -> None:
-        """This round's changes: index entries put or deleted, each changed key's entry rewritten (one op per kind and partition)."""
-        if not self.rewrite:
+        """This round's changes: index entries put or deleted, each changed key's entry rewritten (one op per kind
+        and partition)."""
+        if not self.rewrite and not self.fired_keys:
             return
-        keys = self.rewrite
-        self.prefetch(list(keys), [self.pids[k] for k in keys])
         puts: dict[int, tuple[list[bytes], list[bytes]]] = {}
         deletes: dict[int, list[bytes]] = {}
+
+        def put(pid: int, entry: bytes, value: bytes) -> None:
+            entries, values = puts.setdefault(pid, ([], []))
+            entries.append(entry)
+            values.append(value)
+
+        for key in self.fired_keys.keys() & self.overlay.keys():  # changed after the fire: its fired timers join the overlay
+            pid, entry = self.fired_keys.pop(key)
+            changes = self.overlay[key]
+            for ms in _times(entry).tolist():
+                if ms <= self.fired[pid]:
+                    changes.setdefault(ms, False)  # unless re-registered (or deleted) after the fire
+            self.rewrite.add(key)
+        self.prefetch(list(self.rewrite), [self.pids[k] for k in self.rewrite])
         for (key, ms), on in self.changed.items():
-            entry = BY_TIME + time_key(ms) + key
-            if on:
-                put = puts.setdefault(self.pids[key], ([], []))
-                put[0].append(entry)
-                put[1].append(b"")
-            else:
-                deletes.setdefault(self.pids[key], []).append(entry)
-        for key in keys:
-            times = self.times[key]
+            if not on:
+                deletes.setdefault(self.pids[key], []).append(BY_TIME + time_key(ms) + key)
+        for key in self.rewrite:
+            times, pid = self.times[key], self.pids[key]
             for ms, on in self.overlay[key].items():
                 (times.add if on else times.discard)(ms)
             if times:
-                put = puts.setdefault(self.pids[key], ([], []))
-                put[0].append(BY_KEY + key)
-                put[1].append(b"".join(time_key(ms) for ms in sorted(times)))
+                stamps = [time_key(ms) for ms in sorted(times)]
+                entry = b"".join(stamps)
+                put(pid, BY_KEY + key, entry)
+                for stamp in stamps:  # every index entry of the key carries its new times
+                    put(pid, BY_TIME + stamp + key, entry)
             else:
-                deletes.setdefault(self.pids[key], []).append(BY_KEY + key)
+                deletes.setdefault(pid, []).append(BY_KEY + key)
+        bounds = {pid: time_key(bound) for pid, bound in self.fired.items()}
+        for key, (pid, entry) in self.fired_keys.items():  # the column path: what is left past the bound
+            if entry[-8:] <= bounds[pid]:
+                deletes.setdefault(pid, []).append(BY_KEY + key)
+                left = b""
+            else:
+                stamps = [entry[i:i + 8] for i in range(0, len(entry), 8)]
+                left = b"".join(s for s in stamps if s > bounds[pid])
+                put(pid, BY_KEY + key, left)
+                for stamp in stamps:
+                    if stamp > bounds[pid]:
+                        put(pid, BY_TIME + stamp + key, left)
+            if key in self.times:
+                self.times[key] = set(_times(left).tolist())
         for pid, bound in self.fired.items():  # first: a timer registered after the fire stays
             writer.add(pid, (DELETE_RANGE, self.state, BY_TIME, BY_TIME + time_key(bound + 1)))
         for pid, entries in deletes.items():
             writer.add(pid, (DELETE_MANY, self.state, entries, None))
         for pid, (entries, values) in puts.items():
             writer.add(pid, (PUT_MANY, self.state, entries, values))
-        self.changed, self.fired, self.rewrite = {}, {}, set()
+        self.changed, self.fired, self.fired_keys, self.rewrite = {}, {}, {}, set()
         if not keep:  # else the task's later rounds read this one's changes from memory (they are staged, not committed)
             self.overlay, self.pids, self.times = {}, {}, {}

@@ -157,12 +157,81 @@ def test_timers_per_key_in_time_order_and_expired_ones_found_by_time(rs):
     listed = {key: on_key(handle, key, lambda: list(handle.list_timers())) for key in ("a", "b", "c", "d", "e", ("tuple", 2))}
     assert listed == {"a": [], "b": [], "c": [], "d": [99], "e": [7], ("tuple", 2): [40]}
     handle.begin(Batch(rs.backend, BatchWriter(rs.backend)))
-    assert handle.batch("timers").view(handle.timer_state, "timers").expired(range(4), 99) == [
+    assert list(handle.batch("timers").view(handle.timer_state, "timers").expired(range(4), 99)) == [
         (7, encode_key("e"), partition_of("e", 4)), (40, encode_key(("tuple", 2)), partition_of(("tuple", 2), 4)), (99, encode_key("d"), partition_of("d", 4))]
     handle.finish()
     untimed = handle_of(rs, "none")
     with pytest.raises(TimerModeError, match="time_mode"):
         on_key(untimed, "a", lambda: untimed.register_timer(5))
+
+
+def fire_batch(handle, bound, before_fire=lambda: None, after_fire=lambda: None, batch=None):
+    """One round that fires the timers up to ``bound`` on every partition, as a task's last round does."""
+    batch = batch or Batch(handle.backend, BatchWriter(handle.backend))
+    handle.begin(batch)
+    view = batch.view(handle.timer_state, "timers")
+    before_fire()
+    expired = view.expired(range(4), bound)
+    view.fire(expired, bound)
+    after_fire()
+    handle.finish()
+    return [(ms, k) for ms, k, _ in expired]
+
+
+def test_a_fire_keeps_each_keys_later_timers_whichever_way_the_batch_touched_the_key(rs):
+    handle = handle_of(rs)
+    for key, times in (("two", [10, 50]), ("one", [20]), ("later", [30]), ("moved", [15, 60])):
+        on_key(handle, key, lambda times=times: [handle.register_timer(t) for t in times])
+    listed = lambda key: on_key(handle, key, lambda: list(handle.list_timers()))
+    key_of = lambda k: encode_key(k)
+
+    def change_after_fire():  # a handler's changes after the fire: a fired time again, and a new one
+        handle.register_timers(["later"], [25])
+        handle.delete_timers(["moved"], [60])
+
+    def change_before_fire():  # a handler's registration of a timer the fire then finds: it fires once
+        handle.register_timers(["one"], [20])
+
+    fired = fire_batch(handle, 25, before_fire=change_before_fire, after_fire=change_after_fire)
+    assert fired == [(10, key_of("two")), (15, key_of("moved")), (20, key_of("one"))]
+    assert {k: listed(k) for k in ("two", "one", "later", "moved")} == {"two": [50], "one": [], "later": [25, 30], "moved": []}
+    # the kept timers' index entries carry the key's new times: a later fire finds and removes them alone
+    assert fire_batch(handle, 40) == [(25, key_of("later")), (30, key_of("later"))]
+    assert listed("later") == [] and listed("two") == [50]
+    assert fire_batch(handle, 100) == [(50, key_of("two"))]
+    assert listed("two") == [] and fire_batch(handle, 1000) == []
+    assert not [k for pid in range(4) for k in rs.backend.scan(handle.timer_state, pid, b"", None, 10)], "no entry is left"
+
+
+def test_a_fire_in_a_later_round_of_one_task_sees_the_rounds_before_it(rs):
+    """A task's rounds are staged, so the fire reads the committed index: a key changed by an earlier round of the
+    task must not be rewritten from its committed entry."""
+    handle = handle_of(rs)
+    on_key(handle, "k", lambda: [handle.register_timer(t) for t in (10, 70)])
+    batch = Batch(handle.backend, BatchWriter(handle.backend), keep=True)  # the task's rounds, written at the end
+    handle.begin(batch)
+    encoded, pids = handle.encode_keys(["k"])
+    batch.current = (encoded[0], int(pids[0]))
+    handle.delete_timer(70)
+    handle.register_timer(90)
+    batch.current = None
+    handle.finish()
+    assert fire_batch(handle, 50, batch=batch) == [(10, encode_key("k"))]
+    batch.writer.flush()
+    assert on_key(handle, "k", lambda: list(handle.list_timers())) == [90]
+    assert fire_batch(handle, 100) == [(90, encode_key("k"))]
+
+
+def test_timers_stored_without_their_keys_times_in_the_index_still_fire_once(rs):
+    """Index entries with empty values (as written before they carried the key's times) fire through the overlay."""
+    handle = handle_of(rs)
+    on_key(handle, "k", lambda: [handle.register_timer(t) for t in (10, 70)])
+    pid = partition_of("k", 4)
+    entries = [k for k, _ in rs.backend.scan(handle.timer_state, pid, b"t", None, 10)]
+    rs.backend.write({pid: [(4, handle.timer_state, entries, [b""] * len(entries))]})  # PUT_MANY, the old values
+    assert fire_batch(handle, 50) == [(10, encode_key("k"))]
+    assert on_key(handle, "k", lambda: list(handle.list_timers())) == [70]
+    assert fire_batch(handle, 100) == [(70, encode_key("k"))] and fire_batch(handle, 200) == []
 
 
 def test_ttl_cleanup_deletes_what_expired_at_the_end_of_the_batch_as_spark(rs):
