@@ -17,7 +17,9 @@ from .identity import refuse_takeover
 log = logging.getLogger(__name__)
 
 WELCOME_RETRY = Retry(deadline=10.0, initial=0.2, maximum=2.0)
-LEAVE_ROUNDS = 3  # rebalances a graceful leave runs until the leaving node holds no primary
+# a graceful leave's rounds of moves, until the leaving node holds no primary: a round that failed (a handover that
+# timed out on a loaded machine) or left it a partition (a backup of a dead primary promoted to it) is planned again
+LEAVE_RETRY = Retry(deadline=120.0, initial=0.5, maximum=5.0, retry_on=lambda e: isinstance(e, (RockstateError, OSError)))
 
 
 class MemberHandlers:
@@ -78,14 +80,19 @@ class MemberHandlers:
             self.event("member_stopped", node=msg.node_id, reason="last node; partitions stay on its disk")
             await self._save()
             return {"moved": 0}
-        moved = 0
+        moved = []
+
+        async def round_of_moves() -> None:
+            try:
+                moved.append(await self._rebalance())
+                if self._holds_primaries(msg.node_id):
+                    raise PartitionUnavailableError(f"{msg.node_id} was given partitions while it left")
+            except (RockstateError, OSError) as e:
+                log.warning("%s leaving: a round of moves did not finish (%s); planning again", msg.node_id, e)
+                raise
+
         try:
-            for _ in range(LEAVE_ROUNDS):  # a partition promoted to it meanwhile (a backup of a dead primary) moves too
-                moved += await self._rebalance()
-                if not self._holds_primaries(msg.node_id):
-                    break
-            else:
-                raise PartitionUnavailableError(f"{msg.node_id} was still given partitions after {LEAVE_ROUNDS} rounds of moves")
+            await LEAVE_RETRY.acall(round_of_moves)
         except (RockstateError, OSError) as e:
             # it exits all the same: what did not move goes to its backups or the checkpoint, as for a death
             self.membership.leave_failed(msg.node_id)
@@ -97,7 +104,7 @@ class MemberHandlers:
         await self._save()
         # its backup copies go with it: left in an in-sync set, primaries would wait for it and a promotion would ask it
         await self.replicas.members_dead([msg.node_id])
-        return {"moved": moved}
+        return {"moved": sum(moved)}
 
     def _holds_primaries(self, node_id: str) -> bool:
         return node_id in self.table.owners or (self.replicas.enabled and node_id in self.replicas.owners())

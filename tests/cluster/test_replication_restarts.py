@@ -104,8 +104,10 @@ def test_a_node_that_leaves_gracefully_does_not_join_again(tmp_path):
                     leaving = cluster.nodes()[0].node_id
                     cluster.stop_node(leaving)
                     status = cluster.wait_replicated(90)
-                    events = [e for e in rs.backend.events() if e.get("node") == leaving]
-                    after = events[[e["event"] for e in events].index("member_left") + 1:]
+                    events = [e for e in rs.backend.events() if leaving in (e.get("node"), e.get("source"))]
+                    names = [e["event"] for e in events]
+                    assert "member_left" in names, f"{leaving} did not leave: {[e for e in events if e['event'] != 'replica_copied']}"
+                    after = [e for e in events[names.index("member_left") + 1:] if e.get("node") == leaving]
                     assert not after, f"{leaving} after it left: {after}"
                     assert {n["node_id"]: n["status"] for n in status["nodes"]}[leaving] == "left", status["nodes"]
             orders = rs.value_state("orders")
