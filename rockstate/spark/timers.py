@@ -211,6 +211,9 @@ class TimerView:
         for pid in np.unique(expired.pids).tolist():
             self.fired[pid] = bound
         overlay, fired_keys = self.overlay, self.fired_keys
+        if not overlay and all(expired.entries):  # the common case: every key on the column path
+            fired_keys.update(zip(expired.keys, zip(expired.pids.tolist(), expired.entries)))
+            return
         for ms, key, pid, entry in zip(expired.times.tolist(), expired.keys, expired.pids.tolist(), expired.entries):
             if key in overlay or not entry:  # changed by the batch (its entry is not the stored one), or older data
                 overlay.setdefault(key, {})[ms] = False
@@ -257,9 +260,11 @@ class TimerView:
             else:
                 deletes.setdefault(pid, []).append(BY_KEY + key)
         bounds = {pid: time_key(bound) for pid, bound in self.fired.items()}
+        for pid in bounds:
+            deletes.setdefault(pid, [])
         for key, (pid, entry) in self.fired_keys.items():  # the column path: what is left past the bound
             if entry[-8:] <= bounds[pid]:
-                deletes.setdefault(pid, []).append(BY_KEY + key)
+                deletes[pid].append(BY_KEY + key)
                 left = b""
             else:
                 stamps = [entry[i:i + 8] for i in range(0, len(entry), 8)]
@@ -273,7 +278,8 @@ class TimerView:
         for pid, bound in self.fired.items():  # first: a timer registered after the fire stays
             writer.add(pid, (DELETE_RANGE, self.state, BY_TIME, BY_TIME + time_key(bound + 1)))
         for pid, entries in deletes.items():
-            writer.add(pid, (DELETE_MANY, self.state, entries, None))
+            if entries:
+                writer.add(pid, (DELETE_MANY, self.state, entries, None))
         for pid, (entries, values) in puts.items():
             writer.add(pid, (PUT_MANY, self.state, entries, values))
         self.changed, self.fired, self.fired_keys, self.rewrite = {}, {}, {}, set()
