@@ -42,7 +42,8 @@ class EmbeddedBackend:
         return self.store.scan(pid, state, prefix, after, limit)
 
     def scan_many(self, state, pages_by_pid):
-        return {pid: self.store.scan(pid, state, prefix, after, limit, stop) for pid, (prefix, after, stop, limit) in pages_by_pid.items()}
+        return {pid: self.store.scan_columns(pid, state, prefix, after, limit, stop)
+                for pid, (prefix, after, stop, limit) in pages_by_pid.items()}
 
     def count(self, state: str) -> int:
         return sum(self.store.partition(pid).count(state)[0] for pid in self.store.owned())

@@ -208,12 +208,12 @@ class ClusterBackend:
         return self._on_owner(pid, lambda channel, epoch: [tuple(entry) for entry in channel.call(
             p.Scan(epoch=epoch, partition=pid, state=state, prefix=prefix, after=after, limit=limit))])
 
-    def scan_many(self, state: str, pages_by_pid: dict[int, tuple]) -> dict[int, list[tuple[bytes, bytes]]]:
+    def scan_many(self, state: str, pages_by_pid: dict[int, tuple]) -> dict[int, tuple[list[bytes], list[bytes]]]:
         """A page of each partition, ``(prefix, after, stop, limit)`` as ``scan`` (``stop``: the first key not
-        wanted, None: none): one request per owner."""
+        wanted, None: none), as (keys, values): one request per owner."""
         found = self._routed({pid: list(page) for pid, page in pages_by_pid.items()},
                              lambda epoch, groups: p.ScanMany(epoch=epoch, state=state, groups=groups))
-        return {pid: [tuple(entry) for entry in page] for pid, page in found.items()}
+        return {pid: p.page_of(page) for pid, page in found.items()}
 
     # -- bulk ingestion (see cluster/ingest.py) ------------------------------------
 

@@ -57,12 +57,12 @@ def clean(handle, batch, pids: Sequence[int], now: int) -> int:
     index = handle.ttl_index
     found: dict[str, list[tuple[bytes, bytes, int]]] = {}
     seen: dict[int, list[bytes]] = {}
-    for pid, entries in scan_before(handle.backend, index, pids, b"", time_key(now + 1)).items():
-        for data, _ in entries:
+    for pid, (entries, _) in scan_before(handle.backend, index, pids, b"", time_key(now + 1)).items():
+        for data in entries:
             state, key, user_key = parse(data)
             found.setdefault(state, []).append((key, user_key, pid))
         if entries:
-            seen[pid] = [data for data, _ in entries]
+            seen[pid] = entries
     deleted = 0
     for state, items in found.items():
         owner = handle.ttl_handles().get(state)

@@ -26,10 +26,10 @@ import struct
 import threading
 import time
 from collections import deque
-from itertools import repeat
+from itertools import islice, repeat
 from typing import Callable, Iterator, Sequence
 
-from rocksdict import Checkpoint, Rdict, WriteBatch
+from rocksdict import Checkpoint, Rdict, ReadOptions, WriteBatch
 
 from ..errors import PartitionUnavailableError
 from ..ops import APPEND, DELETE, DELETE_MANY, DELETE_PREFIX, DELETE_RANGE, PUT, PUT_MANY, RAW_PUT, RAW_PUT_MANY, Op
@@ -302,6 +302,16 @@ class Partition:
     def scan(self, state: str, prefix: bytes = b"", after: bytes | None = None, limit: int | None = None,
              stop: bytes | None = None) -> list[tuple[bytes, bytes]]:
         """Live entries whose key starts with ``prefix``, in key order, after ``after`` and before ``stop``, at most ``limit``."""
+        if self._ttl_ms(state) is None:  # RocksDB bounds the scan: no Python step per entry (half the cost)
+            end = prefix_end(prefix)
+            read = ReadOptions()
+            if stop is not None or end is not None:
+                read.set_iterate_upper_bound(min(b for b in (stop, end) if b is not None))
+            entries = self._family(state).items(from_key=after if after is not None and after > prefix else prefix, read_opt=read)
+            found = list(islice(entries, None if limit is None else limit + 1))
+            if found and found[0][0] == after:
+                del found[0]
+            return found[:limit]
         out = []
         for key, value in self._iter(state, prefix, after):
             if stop is not None and key >= stop:

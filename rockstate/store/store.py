@@ -197,6 +197,12 @@ class Store:
              stop: bytes | None = None):
         return self.partition(pid).scan(state, prefix, after, limit, stop)
 
+    def scan_columns(self, pid: int, state: str, prefix: bytes, after: bytes | None, limit: int | None,
+                     stop: bytes | None) -> tuple[list[bytes], list[bytes]]:
+        """``scan`` as (keys, values)."""
+        page = self.partition(pid).scan(state, prefix, after, limit, stop)
+        return [key for key, _ in page], [value for _, value in page]
+
     def stats(self, pids: Iterable[int] | None = None) -> dict:
         """Live entries and bytes per state, and per partition (exact: it reads every entry)."""
         states = {name: {"kind": s.kind, "ttl": s.ttl, "keys": 0, "bytes": 0} for name, s in self.specs.items()}

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
+
+from ...errors import ProtocolError
 from .base import MAX_SCAN_LIMIT, U32, U64, Message, Ranged
 
 # -- served by a node: data ----------------------------------------------------
@@ -53,12 +56,36 @@ class Scan(Ranged, Message):
 
 class ScanMany(Message):
     """Pages of several partitions of one owner: ``groups`` is [[pid, [prefix, after, stop, limit]], ...], each a
-    ``Scan`` that also stops before the key ``stop`` (None: at the prefix's end); answers [[[key, value], ...], ...]."""
+    ``Scan`` that also stops before the key ``stop`` (None: at the prefix's end); answers a page per group as
+    ``page_columns`` packs it (its keys and its values, each as one string and its items' lengths: a page of
+    small entries decodes without an object per entry, ~3x faster)."""
 
     op = "scan_many"
     epoch: int
     state: str
     groups: list
+
+
+def page_columns(keys: list[bytes], values: list[bytes]) -> list[bytes]:
+    """A page as ``ScanMany`` answers it: [keys laid end to end, their lengths, values likewise, their lengths]."""
+    return [b"".join(keys), _lengths(keys), b"".join(values), _lengths(values)]
+
+
+def page_of(columns: list[bytes]) -> tuple[list[bytes], list[bytes]]:
+    """(keys, values) of a ``page_columns`` answer."""
+    keys, key_lengths, values, value_lengths = columns
+    return _split(keys, key_lengths), _split(values, value_lengths)
+
+
+def _lengths(items: list[bytes]) -> bytes:
+    return np.fromiter(map(len, items), "<u4", len(items)).tobytes()
+
+
+def _split(data: bytes, lengths: bytes) -> list[bytes]:
+    ends = np.cumsum(np.frombuffer(lengths, "<u4"), dtype=np.int64).tolist()
+    if (ends[-1] if ends else 0) != len(data):
+        raise ProtocolError(f"a scan page's lengths add up to {ends[-1] if ends else 0} bytes, not its {len(data)}")
+    return [data[start:end] for start, end in zip([0] + ends, ends)]
 
 
 # -- served by a node: staged micro-batch transactions (see store/staging.py) -------
