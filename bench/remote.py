@@ -16,6 +16,12 @@ calls are timed.
 - get, batch 1000: ``get_many(keys)`` vs ``MGET`` of 1000 keys; keys/s
 - get, one key: ``get(key)`` vs ``GET``, after a warm-up; p50 and p99 in µs
 
+Then, on the UUID keys, what bounds any server built as rockstate is, in the
+same run: a uvloop echo server (the node's event loop, nothing else) answering
+a one-key request's worth of bytes to a blocking Python socket, as the client
+sends (the floor of a one-key round trip), and raw rocksdict with the node's
+RocksDB options in this process (the floor of a batch's reads and writes).
+
 Both servers run at once and the sides take turns, workload by workload
 (one-key gets in alternating chunks), so drift on a shared machine hits both
 alike. Throughput is the median of REPEAT runs over all batches. Every run's last
@@ -45,8 +51,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import redis  # noqa: E402
 from common import COMPARED_KINDS, flat_key, make_keys, median_time, print_table  # noqa: E402
+from rocksdict import Rdict, WriteBatch  # noqa: E402
 
 from rockstate.cluster.local import LocalCluster  # noqa: E402
+from rockstate.store.resources import Resources  # noqa: E402
 
 BATCH = 1000
 BATCHES = int(os.environ.get("BENCH_REMOTE_BATCHES", "100"))
@@ -226,6 +234,66 @@ def run(sides: list[Side], data: Data) -> dict[str, tuple[float, float, float, f
     return {side.name: (put[side.name], get[side.name], *percentiles_us(side.samples)) for side in sides}
 
 
+# -- what bounds any Python server on RocksDB ---------------------------------------
+
+ECHO = """
+import asyncio, sys, uvloop
+class Echo(asyncio.Protocol):
+    def connection_made(self, transport): self.transport = transport
+    def data_received(self, data): self.transport.write(b"v" * %d)
+async def main():
+    server = await asyncio.get_running_loop().create_server(Echo, "127.0.0.1", 0)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await asyncio.sleep(3600)
+uvloop.run(main())
+"""
+
+
+def echo_p50_us(calls: int) -> float:
+    """p50 of a one-key-sized round trip (70 bytes out, a 100-byte value's reply back) to a uvloop echo server."""
+    proc = subprocess.Popen([sys.executable, "-c", ECHO % (VALUE_BYTES + 30)], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(proc.stdout.readline())
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            samples, request = [], b"r" * 70
+            for i in range(calls + WARMUP):
+                t0 = time.perf_counter_ns()
+                sock.sendall(request)
+                got = 0
+                while got < VALUE_BYTES + 30:
+                    got += len(sock.recv(4096))
+                if i >= WARMUP:
+                    samples.append(time.perf_counter_ns() - t0)
+        return percentiles_us(samples)[0]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def raw_rocksdb_keys_per_s(data: Data, workdir: str) -> tuple[float, float]:
+    """put and get keys/s of raw rocksdict, one DB with the node's options, on Redis's form of the keys."""
+    db = Rdict(os.path.join(workdir, "raw"), Resources(NODE_MEMORY).options())
+    try:
+        def put_all():
+            for batch in data.redis_puts:
+                wb = WriteBatch(raw_mode=True)
+                for key, value in batch.items():
+                    wb.put(key, value)
+                db.write(wb)
+
+        def get_all():
+            for keys in data.redis_gets:
+                got = db.get(keys)
+            if got != data.last_expected:
+                raise AssertionError("raw rocksdict: the last get batch differs from what was written")
+
+        put = data.n / median_time(put_all, REPEAT)
+        return put, data.n / median_time(get_all, REPEAT)
+    finally:
+        db.close()
+
+
 def main() -> None:
     workdir = tempfile.mkdtemp(prefix="rockstate-bench-redis-")
     server = RedisServer(workdir)
@@ -247,6 +315,8 @@ def main() -> None:
                              data.rs_one, state.count),
                     ]
                     results[kind] = run(sides, data)
+                    if kind == "uuid":
+                        floors = (echo_p50_us(CALLS), *raw_rocksdb_keys_per_s(data, workdir))
             finally:
                 r.close()
                 rs.close()
@@ -279,6 +349,13 @@ def main() -> None:
         ["workload", "rockstate", "redis", "ratio", "goal", "met"],
         rows,
     )
+    echo, raw_put, raw_get = floors
+    redis_put, redis_get, redis_p50, _ = results["uuid"]["redis"]
+    print_table("what bounds any Python server on RocksDB, UUID keys (ratio: the best rockstate could reach against redis)",
+                ["floor", "value", "redis", "ratio"],
+                [["uvloop echo server, one-key round trip p50 (µs)", echo, redis_p50, redis_p50 / echo],
+                 ["raw rocksdict, node's options, put batch 1000 (keys/s)", raw_put, redis_put, raw_put / redis_put],
+                 ["raw rocksdict, node's options, get batch 1000 (keys/s)", raw_get, redis_get, raw_get / redis_get]])
     for base in ("int_random", "int"):
         ints = results[base]["rockstate"]
         print(f"rockstate, UUID-string keys vs {base} keys (goal <= 1.2x the cost): put {ints[0] / uuids[0]:.2f}x,"
