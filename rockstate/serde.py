@@ -183,16 +183,17 @@ def decode_value(data: bytes) -> Any:
 
 
 def decode_values(values: list[bytes | None], default: Any = None) -> list[Any]:
-    """Decode stored values, ``default`` for None; without a None, as one stream (no Python per value)."""
+    """Decode stored values, ``default`` for None: the present ones as one stream (no unpacking call per value)."""
     if None not in values:
         return decode_stream(b"".join(values))
-    unpack = decode_value
-    return [default if v is None else unpack(v) for v in values]
+    found = iter(decode_stream(b"".join(v for v in values if v is not None)))
+    return [default if v is None else next(found) for v in values]
 
 
 def decode_stream(data: bytes) -> list[Any]:
     """Decode concatenated values (a list state's stored form)."""
-    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, ext_hook=_ext_hook)
+    # the buffer fits the data: msgpack's default (100 MiB) refused a larger page of values
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, ext_hook=_ext_hook, max_buffer_size=max(len(data), 1))
     unpacker.feed(data)
     return list(unpacker)
 

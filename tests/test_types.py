@@ -15,7 +15,7 @@ import rockstate
 from rockstate.cluster.local import LocalCluster
 from rockstate.errors import ConfigError, InvalidInputError, InvalidKeyError, InvalidValueError, SizeLimitError
 from rockstate.keys import partition_of, partitions_of
-from rockstate.serde import decode_key, decode_value, encode_key
+from rockstate.serde import decode_key, decode_value, decode_values, encode_key
 
 PARIS = zoneinfo.ZoneInfo("Europe/Paris")
 UTC = dt.timezone.utc
@@ -104,6 +104,25 @@ def test_values_of_every_type_round_trip(rs):
     lst.extend("k", [v for v, _ in VALUES[:20]])
     for (value, _), got in zip(VALUES[:20], lst.get("k")):
         _same(got, value)
+
+
+def test_a_batch_with_absent_keys_gets_each_value_in_its_place(rs):
+    s = rs.value_state("holes")
+    present = {f"k{i}": (i, dt.date(2024, 1, 1 + i % 28), Decimal(f"{i}.5")) for i in range(0, 300, 3)}
+    s.put_many(present)
+    keys = [f"k{i}" for i in range(300)]
+    got = s.get_many(keys, default="absent")
+    assert got == [present.get(k, "absent") for k in keys]
+    assert all(type(v) is tuple for v in got if v != "absent")
+
+
+def test_values_past_msgpacks_default_buffer_decode_as_one_page():
+    """Stored values are decoded as one stream; msgpack's 100 MiB default buffer refused a larger page."""
+    page = [msgpack.packb(bytes([i]) * (15 << 20)) for i in range(7)]  # 105 MiB of values under the 16 MiB limit
+    assert [v[:1] for v in decode_values(page)] == [bytes([i]) for i in range(7)]
+    got = decode_values(page[:3] + [None] + page[3:], default=b"")
+    assert [len(v) for v in got] == [15 << 20] * 3 + [0] + [15 << 20] * 4
+    assert [v[:1] for v in got] == [b"\x00", b"\x01", b"\x02", b"", b"\x03", b"\x04", b"\x05", b"\x06"]
 
 
 KEYS = [

@@ -61,8 +61,7 @@ class ValueStateHandle(StateHandle):
 
     def get_many(self, keys: Any, default: Any = None) -> list[Any]:
         encoded, pids = self._keys(keys)
-        decode = self.codec.decode
-        return [default if v is None else v for v in map(decode, self._view().read(encoded, pids))]
+        return self.codec.decode_many(self._view().read(encoded, pids), default)
 
     def put_many(self, keys: Any, values: Any = None) -> None:
         """``put_many(keys, values)``, ``put_many(mapping)`` or ``put_many(pairs)``, as on a plain state."""
@@ -170,8 +169,7 @@ class MapStateHandle(StateHandle):
 
     def get_many(self, keys: Any, user_keys: Any, default: Any = None) -> list[Any]:
         encoded, pids = self._keys(keys)
-        found = self._view().read(encoded, pids, self._user_keys(user_keys, len(encoded)))
-        return [default if v is None else v for v in map(self.codec.decode, found)]
+        return self.codec.decode_many(self._view().read(encoded, pids, self._user_keys(user_keys, len(encoded))), default)
 
     def put_many(self, keys: Any, user_keys: Any, values: Any) -> None:
         encoded, pids = self._keys(keys)

@@ -29,7 +29,7 @@ import pandas as pd
 from pyspark.sql import types as T
 
 from ..errors import InvalidInputError, InvalidValueError, StateSchemaError
-from ..serde import decode_stream, decode_value, encode_value, encode_values
+from ..serde import decode_stream, decode_value, decode_values, encode_value, encode_values
 
 Schema = T.StructType | str | None
 
@@ -154,6 +154,12 @@ class StateCodec:
             if expiry <= self.clock():
                 return None
         return self._external(internal, self.schema)
+
+    def decode_many(self, datas: list[bytes | None], default: Any = None) -> list[Any]:
+        """``decode`` of each, ``default`` for the absent or expired; a plain codec's as one stream."""
+        if self.plain:
+            return decode_values(datas, default)
+        return [default if v is None else v for v in map(self.decode, datas)]
 
     def decode_list(self, data: bytes | None) -> list[Any]:
         """A list state's live elements."""
