@@ -56,8 +56,8 @@ from rockstate.spark import StatefulProcessor, close_clients, settle, transform_
 from rockstate.spark.batch import Batch, BatchWriter  # noqa: E402
 from rockstate.spark.processor import StatefulProcessorHandle  # noqa: E402
 
-EVENTS = int(os.environ.get("BENCH_SESSION_EVENTS", 200_000))
-KEYS = int(os.environ.get("BENCH_SESSION_KEYS", 20_000))
+EVENTS = int(os.environ.get("BENCH_SESSION_EVENTS", 1_000_000))  # the workload: 1M events, 100k keys
+KEYS = int(os.environ.get("BENCH_SESSION_KEYS", 100_000))
 BATCHES = int(os.environ.get("BENCH_SESSION_BATCHES", 4))
 GAP_MS = int(os.environ.get("BENCH_SESSION_GAP_MS", 1))
 TIMERS = int(os.environ.get("BENCH_TIMERS", 100_000))
