@@ -212,7 +212,7 @@ class ClusterBackend:
         """A page of each partition, ``(prefix, after, stop, limit)`` as ``scan`` (``stop``: the first key not
         wanted, None: none), as (keys, values): one request per owner."""
         found = self._routed({pid: list(page) for pid, page in pages_by_pid.items()},
-                             lambda epoch, groups: p.ScanMany(epoch=epoch, state=state, groups=groups))
+                             lambda epoch, groups: p.ScanMany(epoch=epoch, state=state, groups=groups, columns=True))
         return {pid: p.page_of(page) for pid, page in found.items()}
 
     # -- bulk ingestion (see cluster/ingest.py) ------------------------------------

@@ -87,6 +87,8 @@ class DataHandlers:
                                     f"{p.MAX_SCAN_LIMIT}], not {page!r:.100}")
         await self.acknowledged([pid for pid, _ in groups])
         try:
+            if not msg.columns:
+                return [self.store.scan(pid, msg.state, prefix, after, limit, stop) for pid, (prefix, after, stop, limit) in groups]
             return [p.page_columns(*self.store.scan_columns(pid, msg.state, prefix, after, limit, stop))
                     for pid, (prefix, after, stop, limit) in groups]
         except (KeyError, TypeError, ValueError) as e:

@@ -56,14 +56,16 @@ class Scan(Ranged, Message):
 
 class ScanMany(Message):
     """Pages of several partitions of one owner: ``groups`` is [[pid, [prefix, after, stop, limit]], ...], each a
-    ``Scan`` that also stops before the key ``stop`` (None: at the prefix's end); answers a page per group as
-    ``page_columns`` packs it (its keys and its values, each as one string and its items' lengths: a page of
-    small entries decodes without an object per entry, ~3x faster)."""
+    ``Scan`` that also stops before the key ``stop`` (None: at the prefix's end); answers a page per group,
+    [[key, value], ...], or with ``columns`` as ``page_columns`` packs it (its keys and its values, each as one
+    string and its items' lengths: a page of small entries decodes without an object per entry, ~3x faster;
+    an optional field, so a client of before it still gets pairs)."""
 
     op = "scan_many"
     epoch: int
     state: str
     groups: list
+    columns: bool = False
 
 
 def page_columns(keys: list[bytes], values: list[bytes]) -> list[bytes]:
