@@ -36,6 +36,7 @@ async def run_handover(h: Handover, rc: "ReplicaControl", event: Callable[..., N
     src, dst = c.peer(h.source).rpc(c.security), c.peer(h.target).rpc(c.security)
 
     async def add() -> int:
+        rc.sets.reserve(pid, {h.target, *h.adds})  # not dropped by the replica planner while this runs
         actions = [a for node in h.adds for a in rc.sets.add_backup(pid, node)]
         if len(actions) != 2 * len(h.adds):  # a Publish and a CatchUp each
             raise ClusterError(f"{list(h.adds)} cannot all be added as backups of partition {pid}")
@@ -76,13 +77,16 @@ async def run_handover(h: Handover, rc: "ReplicaControl", event: Callable[..., N
     }
     event("migration_started", **where)
     step, reason = h.start(time.monotonic()), None
-    while step not in (Step.DONE, Step.FAILED):
-        try:
-            step = h.done(time.monotonic(), await requests[step]())
-        except (RockstateError, OSError) as e:
-            log.warning("handover of partition %d from %s to %s failed at %s: %s", pid, h.source, h.target, step, e)
-            reason = reason or f"{step}: {e}"
-            step = h.failed(time.monotonic())
+    try:
+        while step not in (Step.DONE, Step.FAILED):
+            try:
+                step = h.done(time.monotonic(), await requests[step]())
+            except (RockstateError, OSError) as e:
+                log.warning("handover of partition %d from %s to %s failed at %s: %s", pid, h.source, h.target, step, e)
+                reason = reason or f"{step}: {e}"
+                step = h.failed(time.monotonic())
+    finally:
+        rc.sets.release(pid)
     if step is Step.FAILED:
         reason = reason or "the target lacked batches the source wrote; it stays a backup"
         event("migration_failed", **where, reason=reason)

@@ -54,8 +54,12 @@ that state, change nothing and answer no action):
   partition has another primary or the node is no backup of it.
 - ``drop(pid, node)``: a planned DROP. Refused (None) while it would take
   the in-sync set below ``backup_count + 1`` and an added replica is still
-  catching up (the caller waits for ``caught_up`` first), or while the
-  partition elects a primary.
+  catching up (the caller waits for ``caught_up`` first), while the
+  partition elects a primary, or while a running handover holds the node.
+- ``reserve(pid, nodes)`` / ``release(pid)``: a handover's added replicas,
+  from its ADD to its end: the planner, which sees only replica counts,
+  would otherwise drop the one still catching up as an extra backup and
+  fail the handover.
 - ``members_dead(nodes)``: the coordinator declared them dead. They leave
   every partition. A partition whose primary died has no primary; its
   in-sync backups are asked for their positions (``AskPositions``);
@@ -156,6 +160,7 @@ class InSyncSets:
         self._lost: dict[int, str] = {}
         self._asked_since: dict[int, float] = {}  # partition -> when its election first asked (not saved: asked anew)
         self.copying: set[tuple[int, str]] = set()  # (partition, backup) copying anew (not saved: a restart copies anew)
+        self.reserved: dict[int, set[str]] = {}  # partition -> the replicas its running handover added (not saved either)
 
     def __getitem__(self, pid: int) -> ReplicaSet:
         return self.sets[pid]
@@ -185,6 +190,12 @@ class InSyncSets:
         s.backups.append(node)
         return [self._publish(pid), CatchUp(pid, node, s.primary)]
 
+    def reserve(self, pid: int, nodes: Iterable[str]) -> None:
+        self.reserved[pid] = set(nodes)
+
+    def release(self, pid: int) -> None:
+        self.reserved.pop(pid, None)
+
     def promote(self, pid: int, node: str, source: str) -> list[Action]:
         s = self.sets[pid]
         if s.primary != source or pid in self._lost or node not in s.backups:
@@ -202,6 +213,8 @@ class InSyncSets:
             return None  # a candidate: wait for the election
         if node not in s.backups:
             return []
+        if node in self.reserved.get(pid, ()):
+            return None  # the handover that added it ends first
         catching_up = any(b not in s.in_sync for b in s.backups if b != node)
         if node in s.in_sync and catching_up and len(s.in_sync) - 1 < self.backup_count + 1:
             return None  # wait until the new replica is in sync

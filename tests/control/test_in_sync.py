@@ -253,3 +253,16 @@ def test_a_handover_to_its_own_backup_first_adds_one_so_the_old_primarys_departu
     assert handover_adds(replicas, 0, "node-1", "node-2", {"node-1"}, statuses, 1) == ["node-3"]  # node-2 out of sync
     two = {"node-1": LEAVING, "node-2": ALIVE}
     assert handover_adds([["node-1", "node-2"]], 0, "node-1", "node-2", {"node-1", "node-2"}, two, 1) == []  # none left
+
+
+def test_a_handovers_replicas_are_not_dropped_until_it_ends():
+    """The planner sees an extra backup while a handover's target catches up; dropping it failed the handover (chaos
+    seed 3: partition 22's handover lost its target so, its other backup was out of sync, and the primary's death
+    then restored the partition from a checkpoint)."""
+    sets = InSyncSets(1, [["node-3", "node-1"]])
+    sets.unreachable(0, "node-1", epoch=1)  # a restarted node's backup, out of sync
+    sets.reserve(0, {"node-4"})
+    sets.add_backup(0, "node-4")  # the handover's target
+    assert sets.drop(0, "node-4") is None and sets[0].backups == ["node-1", "node-4"]
+    sets.release(0)
+    assert sets.drop(0, "node-4") == [Publish(0, 4, "node-3", ("node-1",), ("node-3",))]
