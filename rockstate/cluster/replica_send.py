@@ -95,8 +95,8 @@ class PrimarySender:
                 size += stored_bytes(stored)
             else:  # the whole log past its position: applying it, the backup is one request behind at most
                 carried[pid] = entries[-1][0] if entries else start
-            if full and not entries and node not in acks.waits():
-                items.append([pid, acks.epoch, 0, None])  # a probe: is its copy open, is it caught up?
+            if full and not entries:  # a probe: is its copy open, is it caught up? (an idle in-sync backup's node
+                items.append([pid, acks.epoch, 0, None])  # may have restarted: nothing else would find out)
         if full:
             self._trim(pids)
         if not items:
@@ -116,7 +116,8 @@ class PrimarySender:
             acks = self.acks.get(pid)
             if acks is None:
                 continue
-            if status == "not_ready":
+            if status == "not_ready":  # it holds no open copy (a restarted node): no stream brings it back, a copy does
+                self._report(pid, node, "diverged")
                 continue
             self.sent[node, pid] = applied  # behind: resent from there
             if applied < self.shipped_to.get(pid, 0):

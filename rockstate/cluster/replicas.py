@@ -220,11 +220,12 @@ class ReplicaControl:
                           (pid, backup) in self.sets.copying, "in sync" if backup in s.in_sync else "refused")
                 actions += done
             elif kind in ("unreachable", "diverged"):
-                done = self.sets.unreachable(pid, backup, epoch)
-                if done:
+                was_in_sync = backup in s.in_sync
+                done = self.sets.unreachable(pid, backup, epoch) if kind == "unreachable" else self.sets.diverged(pid, backup, epoch)
+                if was_in_sync and done:
                     self._out_of_sync[pid, backup] = time.monotonic()  # the stream may bring it back; else a copy
                     self.c.event("replica_out_of_sync", partition=pid, node=backup, primary=msg.node_id, reason=kind)
-                # diverged (the primary's copy was restored or got an SST file): only a new copy brings it back
+                # diverged (no copy open, or the primary's copy was restored or got an SST file): only a copy brings it back
                 actions += [a for a in done if kind == "diverged" or not isinstance(a, CatchUp)]
         await self.carry_out(actions)
 

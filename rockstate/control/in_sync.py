@@ -45,6 +45,11 @@ that state, change nothing and answer no action):
   cut off. It leaves the in-sync set (CATCHING_UP again, the primary resends
   from its position) with an epoch bump; only when that epoch reaches the
   primary may it acknowledge writes without it.
+- ``diverged(pid, node, epoch)``: the primary reports a backup with no copy
+  its stream can extend (a restarted node holds none open; the primary's copy
+  was restored). As ``unreachable``, and a ``CatchUp`` even when it was out
+  of the set already: waiting for the stream would leave the partition one
+  replica short until a stuck copy is retried.
 - ``promote(pid, node, source)``: a planned PROMOTE (``migration.Handover``),
   of a backup of ``source``'s partition; the caller has frozen the old
   primary's writes, seen them acknowledged and the backup's position reach
@@ -248,6 +253,14 @@ class InSyncSets:
             return []
         s.in_sync.discard(node)
         return [self._publish(pid), CatchUp(pid, node, s.primary)]
+
+    def diverged(self, pid: int, node: str, epoch: int) -> list[Action]:
+        """The primary reports the backup holds no copy its stream can extend: out of the in-sync set as
+        ``unreachable``, and a copy even when it was out already."""
+        s = self.sets[pid]
+        if s.primary is None or epoch != s.epoch or node not in s.backups:
+            return []
+        return self.unreachable(pid, node, epoch) if node in s.in_sync else [CatchUp(pid, node, s.primary)]
 
     # -- failures ------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ not join again as it exits."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -112,3 +113,36 @@ def test_a_node_that_leaves_gracefully_does_not_join_again(tmp_path):
                     assert {n["node_id"]: n["status"] for n in status["nodes"]}[leaving] == "left", status["nodes"]
             orders = rs.value_state("orders")
             assert all(v is not None for v in orders.get_many(sorted(keys.values())))
+
+
+@pytest.mark.timeout(180)
+def test_a_restarted_nodes_backups_copy_at_once(tmp_path):
+    """A node killed and restarted with its data directory holds no open backup copy: its primaries' streams cannot
+    bring them back, a copy must. Each primary reports such a backup at its first send or probe, and the coordinator
+    copies it then. Before, a backup left the in-sync set only when its primary's sends timed out, and was copied
+    only after STUCK replica timeouts more (~15 s here, the coordinator logging "copies anew"): a window in which
+    its partitions had no in-sync backup."""
+    with LocalCluster(nodes=3, partitions=8, root=str(tmp_path / "cluster"), heartbeat_timeout=HEARTBEAT_TIMEOUT,
+                      backup_count=1) as cluster:
+        with cluster.connect(retry_timeout=60) as rs:
+            orders = rs.value_state("orders")
+            orders.put_many({f"order-{i:05d}": {"n": i, "at": "2026-11-25T21:00:00Z"} for i in range(2000)})
+            cluster.wait_replicated(60)
+            victim = cluster.nodes()[1].node_id
+            cluster.kill_node(victim)
+            cluster.restart_node(victim)
+            restarted = time.time()
+
+            def copied_back() -> bool:
+                orders.put("order-latest", {"n": -1, "at": "2026-11-25T21:01:00Z"})  # writes go on meanwhile
+                status = cluster.status()
+                mine = {r["partition"] for r in status["replicas"] if any(b["node"] == victim for b in r["backups"])}
+                copied = {e["partition"] for e in status["events"]
+                          if e["event"] == "replica_copied" and e["node"] == victim and e["time"] > restarted}
+                return bool(mine) and mine <= copied and all(b["in_sync"] for r in status["replicas"] for b in r["backups"])
+
+            wait_until(copied_back, 90, f"the restarted {victim}'s backups copied anew and in sync")
+            assert orders.get_many([f"order-{i:05d}" for i in range(2000)]) == [{"n": i, "at": "2026-11-25T21:00:00Z"} for i in range(2000)]
+        with open(os.path.join(cluster.root, "logs", "coordinator.log"), errors="replace") as f:
+            stuck = [line.strip() for line in f if "copies anew" in line]
+        assert not stuck, f"backups copied only once stuck: {stuck[:3]}"

@@ -266,3 +266,13 @@ def test_a_handovers_replicas_are_not_dropped_until_it_ends():
     assert sets.drop(0, "node-4") is None and sets[0].backups == ["node-1", "node-4"]
     sets.release(0)
     assert sets.drop(0, "node-4") == [Publish(0, 4, "node-3", ("node-1",), ("node-3",))]
+
+
+def test_a_backup_without_a_copy_copies_at_once_in_the_set_or_out_of_it():
+    """A restarted node holds no open backup copy: the stream cannot bring it back, a copy must, whatever the set
+    says of it (it was reported unreachable first when its primary's sends timed out)."""
+    sets = InSyncSets(1, [["node-3", "node-1"], ["node-3", "node-1"]])
+    assert sets.diverged(0, "node-1", epoch=1) == [Publish(0, 2, "node-3", ("node-1",), ("node-3",)), CatchUp(0, "node-1", "node-3")]
+    sets.unreachable(1, "node-1", epoch=1)
+    assert sets.diverged(1, "node-1", epoch=2) == [CatchUp(1, "node-1", "node-3")]
+    assert sets.diverged(1, "node-1", epoch=1) == [] and sets.diverged(1, "node-2", epoch=2) == []  # stale, or no backup
