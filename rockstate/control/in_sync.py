@@ -61,7 +61,7 @@ that state, change nothing and answer no action):
   the in-sync set below ``backup_count + 1`` and an added replica is still
   catching up (the caller waits for ``caught_up`` first), while the
   partition elects a primary, or while a running handover holds the node.
-- ``reserve(pid, nodes)`` / ``release(pid)``: a handover's added replicas,
+- ``reserve(pid, nodes)`` / ``release(pid)``: a handover's target and added replicas,
   from its ADD to its end: the planner, which sees only replica counts,
   would otherwise drop the one still catching up as an extra backup and
   fail the handover.
@@ -165,7 +165,7 @@ class InSyncSets:
         self._lost: dict[int, str] = {}
         self._asked_since: dict[int, float] = {}  # partition -> when its election first asked (not saved: asked anew)
         self.copying: set[tuple[int, str]] = set()  # (partition, backup) copying anew (not saved: a restart copies anew)
-        self.reserved: dict[int, set[str]] = {}  # partition -> the replicas its running handover added (not saved either)
+        self.reserved: dict[int, set[str]] = {}  # partition -> its running handover's target and added replicas (not saved)
 
     def __getitem__(self, pid: int) -> ReplicaSet:
         return self.sets[pid]
