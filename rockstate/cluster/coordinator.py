@@ -355,9 +355,8 @@ class Coordinator(ClusterAnswers, MemberHandlers, Leading):
         """Move a partition (moves.py; with backups, handover.py); writes to it wait only from the freeze to the new table."""
         if self.replicas.enabled and move.source is not None:  # (None: a new cluster's first placement)
             if not self.membership.serving(move.source) or move.source != self.replicas.sets[move.partition].primary:
-                # planned before its source died or the partition changed hands: as a plain move it would hand the
-                # target the partition without its data, and the backups would copy that (make chaos seed 8 --ha
-                # lost two partitions so). The promoted primary is moved, if need be, by the next rebalance.
+                # planned before its source died or it changed hands: a plain move would give the target no data, and
+                # the backups would copy that (chaos seed 8 --ha lost partitions so); the next rebalance plans anew
                 log.info("move of partition %d from %s to %s dropped: its primary is %s now", move.partition,
                          move.source, move.target, self.replicas.sets[move.partition].primary)
                 return
