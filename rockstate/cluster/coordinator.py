@@ -26,7 +26,7 @@ from ..config import CheckpointConfig, CoordinatorConfig
 from ..control import placement
 from ..control.leadership import CoordinatorRole
 from ..control.membership import Membership, MemberStatus
-from ..control.migration import Handover, Migration
+from ..control.migration import Migration
 from ..errors import CheckpointsNotConfiguredError, RockstateError
 from ..files import write_json
 from ..retry import Retry
@@ -40,7 +40,6 @@ from .election import Election
 from .leading import Leading
 from .members import MemberHandlers
 from .metrics import CoordinatorMetrics
-from .handover import run_handover
 from .moves import run_move
 from .peers import Peer, Peers
 from .persistence import DataDirectory, ZooKeeperDocuments
@@ -354,14 +353,7 @@ class Coordinator(ClusterAnswers, MemberHandlers, Leading):
     async def _move(self, move: placement.Move) -> None:
         """Move a partition (moves.py; with backups, handover.py); writes to it wait only from the freeze to the new table."""
         if self.replicas.enabled and move.source is not None:  # (None: a new cluster's first placement)
-            if not self.membership.serving(move.source) or move.source != self.replicas.sets[move.partition].primary:
-                # planned before its source died or it changed hands: a plain move would give the target no data, and
-                # the backups would copy that (chaos seed 8 --ha lost partitions so); the next rebalance plans anew
-                log.info("move of partition %d from %s to %s dropped: its primary is %s now", move.partition,
-                         move.source, move.target, self.replicas.sets[move.partition].primary)
-                return
-            adds = self.replicas.handover_adds(move.partition, move.source, move.target)
-            await run_handover(Handover(move.partition, move.source, move.target, adds), self.replicas, self.event)
+            await self.replicas.hand_over(move, self.membership.serving(move.source))
             return
         m = Migration(move.partition, move.source, move.target, source_serving=self.membership.serving(move.source),
                       live=self.config.live_migration)

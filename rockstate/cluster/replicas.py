@@ -34,11 +34,13 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..control import replica_placement
+from ..control import placement, replica_placement
 from ..control.in_sync import AskPositions, CatchUp, InSyncSets, Promoted, Publish, RestoreFromCheckpoint
 from ..control.membership import MemberStatus
+from ..control.migration import Handover
 from ..errors import RockstateError
 from . import protocol as p
+from .handover import run_handover
 from .table import Table
 
 if TYPE_CHECKING:
@@ -179,10 +181,18 @@ class ReplicaControl:
         if self.enabled:
             await self.carry_out(self.sets.leave(pid, target))
 
-    def handover_adds(self, pid: int, source: str, target: str) -> tuple[str, ...]:
-        """The replicas to add before ``target`` takes ``pid`` over from ``source`` (``migration.Handover``)."""
-        return tuple(replica_placement.handover_adds(self.sets.table(), pid, source, target, self.sets[pid].in_sync,
-                                                     self.c.membership.statuses(), self.backup_count, self.zones))
+    async def hand_over(self, move: placement.Move, source_serving: bool) -> None:
+        """Move a partition's primary by a handover (handover.py), adding first the replicas the old primary's
+        departure needs. A move planned before its source died or the partition changed hands is dropped: as a plain
+        move it would give the target no data, and the backups would copy that (chaos seed 8 --ha lost partitions
+        so); the next rebalance plans anew."""
+        pid, s = move.partition, self.sets[move.partition]
+        if not source_serving or move.source != s.primary:
+            log.info("move of partition %d from %s to %s dropped: its primary is %s now", pid, move.source, move.target, s.primary)
+            return
+        adds = replica_placement.handover_adds(self.sets.table(), pid, move.source, move.target, s.in_sync,
+                                               self.c.membership.statuses(), self.backup_count, self.zones)
+        await run_handover(Handover(pid, move.source, move.target, tuple(adds)), self, self.c.event)
 
     async def moved_off(self, node: str, timeout: float = LEAVE_TIMEOUT) -> None:
         """A leaving node's backups are replaced (``ensure``: each new one in sync before the old one is dropped);

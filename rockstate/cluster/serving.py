@@ -87,10 +87,9 @@ class DataHandlers:
                                     f"{p.MAX_SCAN_LIMIT}], not {page!r:.100}")
         await self.acknowledged([pid for pid, _ in groups])
         try:
-            if not msg.columns:
-                return [self.store.scan(pid, msg.state, prefix, after, limit, stop) for pid, (prefix, after, stop, limit) in groups]
-            return [p.page_columns(*self.store.scan_columns(pid, msg.state, prefix, after, limit, stop))
-                    for pid, (prefix, after, stop, limit) in groups]
+            scan = self.store.scan_columns if msg.columns else self.store.scan
+            pages = [scan(pid, msg.state, prefix, after, limit, stop) for pid, (prefix, after, stop, limit) in groups]
+            return [p.page_columns(*page) for page in pages] if msg.columns else pages
         except (KeyError, TypeError, ValueError) as e:
             raise not_bytes(e, "a 'scan_many' message")
 
