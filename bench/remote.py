@@ -51,6 +51,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import redis  # noqa: E402
 from common import COMPARED_KINDS, flat_key, make_keys, median_time, print_table  # noqa: E402
+from floors import round_trip_p50_us  # noqa: E402
 from rocksdict import Rdict, WriteBatch  # noqa: E402
 
 from rockstate.cluster.local import LocalCluster  # noqa: E402
@@ -236,40 +237,6 @@ def run(sides: list[Side], data: Data) -> dict[str, tuple[float, float, float, f
 
 # -- what bounds any Python server on RocksDB ---------------------------------------
 
-ECHO = """
-import asyncio, sys, uvloop
-class Echo(asyncio.Protocol):
-    def connection_made(self, transport): self.transport = transport
-    def data_received(self, data): self.transport.write(b"v" * %d)
-async def main():
-    server = await asyncio.get_running_loop().create_server(Echo, "127.0.0.1", 0)
-    print(server.sockets[0].getsockname()[1], flush=True)
-    await asyncio.sleep(3600)
-uvloop.run(main())
-"""
-
-
-def echo_p50_us(calls: int) -> float:
-    """p50 of a one-key-sized round trip (70 bytes out, a 100-byte value's reply back) to a uvloop echo server."""
-    proc = subprocess.Popen([sys.executable, "-c", ECHO % (VALUE_BYTES + 30)], stdout=subprocess.PIPE, text=True)
-    try:
-        port = int(proc.stdout.readline())
-        with socket.create_connection(("127.0.0.1", port)) as sock:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            samples, request = [], b"r" * 70
-            for i in range(calls + WARMUP):
-                t0 = time.perf_counter_ns()
-                sock.sendall(request)
-                got = 0
-                while got < VALUE_BYTES + 30:
-                    got += len(sock.recv(4096))
-                if i >= WARMUP:
-                    samples.append(time.perf_counter_ns() - t0)
-        return percentiles_us(samples)[0]
-    finally:
-        proc.kill()
-        proc.wait()
-
 
 def raw_rocksdb_keys_per_s(data: Data, workdir: str) -> tuple[float, float]:
     """put and get keys/s of raw rocksdict, one DB with the node's options, on Redis's form of the keys."""
@@ -316,7 +283,7 @@ def main() -> None:
                     ]
                     results[kind] = run(sides, data)
                     if kind == "uuid":
-                        floors = (echo_p50_us(CALLS), *raw_rocksdb_keys_per_s(data, workdir))
+                        floors = (round_trip_p50_us(1, CALLS, WARMUP, VALUE_BYTES + 30), *raw_rocksdb_keys_per_s(data, workdir))
             finally:
                 r.close()
                 rs.close()

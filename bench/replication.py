@@ -26,6 +26,13 @@ a decimal amount:
 Goals (issue 14): backup_count=1 keeps >= 0.7x the throughput of 0 and <=
 1.5x its single-put p50; failover <= heartbeat_timeout + 0.5 s;
 re-replication >= 70% of a plain copy. Medians of BENCH_REPL_ROUNDS (3).
+
+The floor under the p50 goal, in the same run (``floors.py``): what one more
+server hop costs a Python server that does nothing else -- a uvloop relay
+that forwards each request to a uvloop echo server and answers once it did,
+against the echo server alone. backup_count=0's p50 plus that hop is the
+least any design of synchronous replication built as rockstate is could
+reach.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from decimal import Decimal
 sys.path.insert(0, os.path.dirname(__file__))
 
 from common import key_of, print_table  # noqa: E402
+from floors import round_trip_p50_us  # noqa: E402
 
 from rockstate.cluster.local import LocalCluster  # noqa: E402
 from rockstate.errors import RockstateError  # noqa: E402
@@ -147,6 +155,14 @@ def main() -> None:
                      ["re-replication MB/s", replicated, ""],
                      ["plain copy of the same bytes MB/s", plain, ""],
                      ["re-replication / plain copy", replicated / plain, ">= 0.7"]])
+        direct, relayed = (round_trip_p50_us(hops, PUTS, PUTS // 10) for hops in (1, 2))
+        hop_ms, bc0_p50 = (relayed - direct) / 1000, rows[0][3]
+        print_table("the floor under the p50 goal: one more hop between uvloop servers that do nothing else",
+                    ["measure", "value", "x of backup_count=0"],
+                    [["echo server, round trip p50 (µs)", direct, ""],
+                     ["through a relay to it, p50 (µs)", relayed, ""],
+                     ["backup_count=0 p50 + that hop (ms)", bc0_p50 + hop_ms, (bc0_p50 + hop_ms) / bc0_p50],
+                     ["backup_count=1 p50 (ms), above", rows[1][3], rows[1][4]]])
     except RockstateError as e:
         print(f"benchmark failed: {e}")
         raise

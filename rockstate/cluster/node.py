@@ -87,7 +87,8 @@ class Node:
         }
         self.security = Security.from_config(config.security)
         self.server = Server(self.metrics.timed(self.handlers), config.host, config.port, name="node",
-                             inline=(p.Read, p.Write, p.Scan, p.ScanMany), ssl=self.security.server_ssl, secret=self.security.secret)
+                             inline=(p.Read, p.Write, p.Scan, p.ScanMany, p.ReplicaApply),  # a backup applies on its loop
+                             ssl=self.security.server_ssl, secret=self.security.secret)
         self.coordinator = AsyncCoordinatorChannel(config.coordinator, lambda address: self._peer(address, timeout=30.0))
         self._heartbeat: asyncio.Task | None = None
         self._leaving = False

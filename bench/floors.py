@@ -1,0 +1,78 @@
+"""What bounds any Python server on this machine, measured beside the goals: a uvloop server that does nothing.
+
+``round_trip_p50_us(hops, ...)``: the p50 of a one-key-sized round trip (a
+70-byte request, a ``reply_bytes`` reply) from a blocking socket with
+TCP_NODELAY, as rockstate's client sends it, to a uvloop echo server
+(``hops=1``), or through ``hops - 1`` uvloop relays in front of it, each
+forwarding the request to the next server and answering once that answered:
+the shape of a write to a primary that waits for its backup, with no work at
+either end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+SERVER = r"""
+import asyncio, sys, uvloop
+REPLY = b"v" * int(sys.argv[1])
+class Echo(asyncio.Protocol):
+    def connection_made(self, transport): self.transport = transport
+    def data_received(self, data): self.transport.write(REPLY)
+class Next(asyncio.Protocol):  # the relay's connection to the next server; one request at a time
+    def connection_made(self, transport): self.transport, self.waiting = transport, None
+    def data_received(self, data): self.waiting.write(REPLY)
+class Relay(asyncio.Protocol):
+    def __init__(self, next_): self.next = next_
+    def connection_made(self, transport): self.transport = transport
+    def data_received(self, data):
+        self.next.waiting = self.transport
+        self.next.transport.write(data)
+async def main():
+    loop = asyncio.get_running_loop()
+    if len(sys.argv) > 2:
+        _, next_ = await loop.create_connection(Next, "127.0.0.1", int(sys.argv[2]))
+        next_.transport.get_extra_info("socket").setsockopt(6, 1, 1)  # TCP_NODELAY, as the nodes' channels
+        server = await loop.create_server(lambda: Relay(next_), "127.0.0.1", 0)
+    else:
+        server = await loop.create_server(Echo, "127.0.0.1", 0)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await asyncio.sleep(3600)
+uvloop.run(main())
+"""
+
+
+@contextlib.contextmanager
+def _servers(hops: int, reply_bytes: int):
+    procs = []
+    try:
+        port = None
+        for _ in range(hops):
+            args = [sys.executable, "-c", SERVER, str(reply_bytes)] + ([] if port is None else [str(port)])
+            procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, text=True))
+            port = int(procs[-1].stdout.readline())
+        yield port
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def round_trip_p50_us(hops: int, calls: int, warmup: int, reply_bytes: int = 130) -> float:
+    with _servers(hops, reply_bytes) as port, socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        samples, request = [], b"r" * 70
+        for i in range(calls + warmup):
+            start = time.perf_counter_ns()
+            sock.sendall(request)
+            got = 0
+            while got < reply_bytes:
+                got += len(sock.recv(4096))
+            if i >= warmup:
+                samples.append(time.perf_counter_ns() - start)
+    return statistics.median(samples) / 1000
