@@ -15,6 +15,12 @@ REPEAT runs; ratio = ours / raw (goal: <= 1.3), and each kind's cost against
 int keys in random order on the same engine (goal: <= 1.2: random ints are the
 fair comparison, as UUIDs and the benches' tuples arrive in random order too;
 sequential ints' rows show what RocksDB saves on keys in order).
+
+The floor under P=16 (``RawSplit``): raw rocksdict with one DB per partition,
+each batch split the way rockstate's hash splits it, one WriteBatch and one
+multi-get per DB -- what RocksDB costs once a batch is spread over 16 DBs
+(cold memtables and per-write costs), so ``rockstate P=16 / floor`` is the
+part rockstate's own code adds.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from rocksdict import Options, Rdict, WriteBatch  # noqa: E402
 
 import rockstate  # noqa: E402
 from common import COMPARED_KINDS, flat_key, make_keys, print_table  # noqa: E402
+from rockstate.keys.scalar import partition_of  # noqa: E402
 
 N = int(os.environ.get("BENCH_KEYS", 200_000))
 BATCH = 1000
@@ -63,6 +70,42 @@ class Raw:
 
     def close(self) -> None:
         self.db.close()
+
+
+class RawSplit(Raw):
+    """The floor under rockstate at P partitions: raw rocksdict, one DB per partition, each batch split by the
+    keys' partitions (as rockstate hashes them) into one WriteBatch and one multi-get per DB: what RocksDB itself
+    costs once a batch is spread over P DBs, with none of rockstate's encoding, hashing or grouping in the timing."""
+
+    def __init__(self, root: str, keys: list, partitions: int) -> None:
+        opts = Options(raw_mode=True)
+        opts.create_if_missing(True)
+        self.dbs = [Rdict(os.path.join(root, f"raw{partitions}-{p}"), opts) for p in range(partitions)]
+        of = [partition_of(k, partitions) for k in keys]
+        flat = list(map(flat_key, keys))
+        self.batches = []
+        for s in range(0, len(flat), BATCH):
+            split: dict[int, list[bytes]] = {}
+            for k, p in zip(flat[s:s + BATCH], of[s:s + BATCH]):
+                split.setdefault(p, []).append(k)
+            self.batches.append([(self.dbs[p], ks) for p, ks in split.items()])
+
+    def put(self) -> None:
+        for batch in self.batches:
+            for db, ks in batch:
+                wb = WriteBatch(raw_mode=True)
+                for k in ks:
+                    wb.put(k, VALUE)
+                db.write(wb)
+
+    def get(self) -> None:
+        for batch in self.batches:
+            for db, ks in batch:
+                assert db.get(ks)[-1] == VALUE
+
+    def close(self) -> None:
+        for db in self.dbs:
+            db.close()
 
 
 class Ours:
@@ -103,13 +146,13 @@ def timed_alternating(engines: list) -> list[dict[str, float]]:
 
 
 def main() -> None:
-    rows, per_kind, wall = [], {}, []
+    rows, per_kind, wall, floor = [], {}, [], []
     for kind in COMPARED_KINDS:
         keys = make_keys(kind, N)
         root = tempfile.mkdtemp(prefix="rockstate-bench-")
-        engines = [Raw(root, keys), *(Ours(root, keys, partitions) for partitions in PARTITIONS)]
+        engines = [Raw(root, keys), *(Ours(root, keys, partitions) for partitions in PARTITIONS), RawSplit(root, keys, PARTITIONS[-1])]
         try:
-            raw, *ours = timed_alternating(engines)
+            raw, *ours, split = timed_alternating(engines)
         finally:
             for engine in engines:
                 engine.close()
@@ -123,6 +166,9 @@ def main() -> None:
             vs_int = per_kind["int_random", partitions]
             rows.append([f"{kind}: rockstate P={partitions}", times["put"] / N * 1e9, times["get"] / N * 1e9,
                          times["put"] / raw["put"], times["get"] / raw["get"], times["put"] / vs_int["put"], times["get"] / vs_int["get"]])
+        rows.append([f"{kind}: floor, raw rocksdict, {PARTITIONS[-1]} DBs", split["put"] / N * 1e9, split["get"] / N * 1e9,
+                     split["put"] / raw["put"], split["get"] / raw["get"], "", ""])
+        floor.append(f"{kind} {ours[-1]['put'] / split['put']:.2f}/{ours[-1]['get'] / split['get']:.2f}")
         wall.append(f"{kind} {ours[-1]['put_wall'] / raw['put_wall']:.2f}/{ours[-1]['get_wall'] / raw['get_wall']:.2f}")
     print_table(
         f"store: {N:,} keys x 100-byte values per key kind, batches of {BATCH:,}; the calling thread's CPU, median of {REPEAT},"
@@ -131,6 +177,8 @@ def main() -> None:
         rows,
     )
     print(f"wall-clock ratio to raw at P={PARTITIONS[-1]}, put/get: " + ", ".join(wall))
+    print(f"rockstate P={PARTITIONS[-1]} against its floor (raw rocksdict, the same batches split over {PARTITIONS[-1]} DBs), "
+          "put/get: " + ", ".join(floor))
 
 
 if __name__ == "__main__":
