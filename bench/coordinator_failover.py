@@ -14,10 +14,11 @@ Two set-ups side by side on this machine, each a multi-process LocalCluster of
 
 Measured per run: from the kill to the first table whose epoch is newer than
 the one before it, as a client (``ClusterBackend.refresh``, polled every
-20 ms) sees it. Meanwhile writer and reader threads (UUID-string keys, values
-with a date and a decimal amount) keep calling put_many and get_many on every
-partition; a call that raises counts as failed (clients retry for up to 30 s:
-a call that only waited is not a failure), and the slowest call is reported.
+20 ms) sees it. Meanwhile writer and reader threads (values with a date and
+a decimal amount) keep calling put_many and get_many on every partition, one
+thread per key kind (ints, UUID strings, (tenant, int) tuples); a call that
+raises counts as failed (clients retry for up to 30 s: a call that only
+waited is not a failure), and the slowest call is reported.
 Medians of BENCH_FAILOVER_RUNS (default 5) runs. Goal: HA <= session timeout
 + 1 s, and no failed data-path call.
 """
@@ -41,23 +42,26 @@ from rockstate.errors import RockstateError  # noqa: E402
 
 RUNS = int(os.environ.get("BENCH_FAILOVER_RUNS", "5"))
 SESSION = float(os.environ.get("BENCH_FAILOVER_SESSION", "1.5"))
-KEYS = [key_of("uuid", i) for i in range(2000)]
+KINDS = ("int", "uuid", "tuple")  # one writer-reader thread per key kind: ints, UUID strings, (tenant, int)
+KEYS = {kind: [key_of(kind, i) for i in range(2000)] for kind in KINDS}
 
 
 class DataPath:
     """Threads writing and reading on every partition; counts calls, failures and the slowest call."""
 
-    def __init__(self, cluster: LocalCluster, threads: int = 2) -> None:
+    def __init__(self, cluster: LocalCluster) -> None:
         self.cluster, self.calls, self.failed, self.slowest = cluster, 0, [], 0.0
+        self.by_kind = dict.fromkeys(KINDS, 0)  # calls
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(t,), daemon=True) for t in range(threads)]
+        self._threads = [threading.Thread(target=self._run, args=(t, kind), daemon=True) for t, kind in enumerate(KINDS)]
 
-    def _run(self, t: int) -> None:
+    def _run(self, t: int, kind: str) -> None:
+        keys = KEYS[kind]
         with self.cluster.connect(retry_timeout=30.0) as rs:
-            state, n = rs.value_state("orders"), 0
+            state, n = rs.value_state(f"orders_{kind}"), 0
             while not self._stop.is_set():
                 n += 1
-                batch = KEYS[(n * 50) % len(KEYS):][:50]
+                batch = keys[(n * 50) % len(keys):][:50]
                 started = time.monotonic()
                 try:
                     if n % 2:
@@ -65,8 +69,9 @@ class DataPath:
                     else:
                         state.get_many(batch)
                 except RockstateError as e:
-                    self.failed.append(repr(e))
+                    self.failed.append(f"{kind}: {e!r}")
                 self.calls += 1
+                self.by_kind[kind] += 1
                 self.slowest = max(self.slowest, time.monotonic() - started)
 
     def __enter__(self) -> "DataPath":
@@ -112,6 +117,8 @@ def run(ha: bool) -> tuple[list[float], int, int, float, list[str]]:
                 calls = load.calls
                 wait_until(lambda: load.calls > calls + 10, 30, "the data path to go on")
         backend.close()
+    print(f"data-path calls by key kind ({'HA' if ha else 'restart'}): "
+          + ", ".join(f"{kind} {calls} ({sum(f.startswith(kind + ':') for f in load.failed)} failed)" for kind, calls in load.by_kind.items()))
     return times, load.calls, len(load.failed), load.slowest, load.failed
 
 

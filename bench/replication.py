@@ -6,6 +6,8 @@ a decimal amount:
 
 - batch-1000 ``put_many`` throughput (keys/s) and single ``put`` p50/p99 (ms)
   at ``backup_count`` 0, 1 and 2 (``replication: sync``), with ratios to 0;
+  then, at 0 and 1, the same for int keys, UUID strings and (tenant, int)
+  tuples, each in its own state;
 - kill -9 of a node holding primaries (backup_count=1): seconds from the kill
   until every key of its partitions reads back its value again (a client
   retrying, as users' clients do), against ``heartbeat_timeout``;
@@ -62,6 +64,7 @@ PUTS = int(os.environ.get("BENCH_REPL_PUTS", "1000"))
 LOADED = int(os.environ.get("BENCH_REPL_LOADED", "1000000"))  # keys written before the kill
 NOTE_BYTES = 400  # random, so RocksDB's compression does not shrink what re-replication and the plain copy move
 HEARTBEAT = 2.0
+KINDS = ("int", "uuid", "tuple")  # the write path by key kind: ints, UUID strings, (tenant, int)
 
 
 def value(i: int) -> dict:
@@ -78,16 +81,16 @@ def cluster(root: str, backup_count: int) -> LocalCluster:
                         backup_count=backup_count, node_memory_bytes=256 << 20)
 
 
-def write_path(c: LocalCluster) -> tuple[float, float, float]:
+def write_path(c: LocalCluster, kind: str = "uuid") -> tuple[float, float, float]:
     with c.connect() as rs:
-        state = rs.value_state("orders")
-        keys = [key_of("uuid", i) for i in range(BATCHES * 1000)]
+        state = rs.value_state(f"orders_{kind}")
+        keys = [key_of(kind, i) for i in range(BATCHES * 1000)]
         state.put_many({k: value(i) for i, k in enumerate(keys[:1000])})  # warm up
         rates = []
         for _ in range(ROUNDS):
             start = time.perf_counter()
             for b in range(BATCHES):
-                state.put_many({k: value(i) for i, k in enumerate(keys[b * 1000:(b + 1) * 1000])})
+                state.put_many({k: value(i) for i, k in enumerate(keys[b * 1000:(b + 1) * 1000], b * 1000)})
             rates.append(BATCHES * 1000 / (time.perf_counter() - start))
         latencies = []
         for i in range(PUTS):
@@ -95,6 +98,7 @@ def write_path(c: LocalCluster) -> tuple[float, float, float]:
             state.put(keys[i], value(i))
             latencies.append(time.perf_counter() - start)
         latencies.sort()
+        assert state.get(keys[-1]) == value(BATCHES * 1000 - 1) and state.get(keys[0]) == value(0)
         return statistics.median(rates), latencies[len(latencies) // 2] * 1000, latencies[int(len(latencies) * 0.99)] * 1000
 
 
@@ -138,17 +142,25 @@ def failover(c: LocalCluster) -> tuple[float, float, float]:
 
 def main() -> None:
     root = tempfile.mkdtemp(prefix="rockstate-bench-repl-")
-    rows, base = [], None
+    rows, kinds, base = [], {}, None
     try:
         for bc in (0, 1, 2):
             with cluster(root, bc) as c:
                 rate, p50, p99 = write_path(c)
+                if bc < 2:
+                    kinds.update({(kind, bc): write_path(c, kind) for kind in KINDS})
                 if bc == 1:
                     served, replicated, plain = failover(c)
             base = base or (rate, p50)
             rows.append([f"backup_count={bc}", rate, rate / base[0], p50, p50 / base[1], p99])
         print_table("batch-1000 put_many and single put, 3 nodes, P=16, sync replication",
                     ["cluster", "keys/s", "x of 0", "put p50 ms", "x of 0", "put p99 ms"], rows)
+        print_table("the same by key kind (each kind's own state; ratios: backup_count=1 against 0, and against int keys: goal <= 1.2)",
+                    ["keys", "bc=0 keys/s", "bc=1 keys/s", "x of 0", "bc=0 p50 ms", "bc=1 p50 ms", "x of 0",
+                     "bc=1 cost/key x int", "bc=1 p50 x int"],
+                    [[kind, kinds[kind, 0][0], kinds[kind, 1][0], kinds[kind, 1][0] / kinds[kind, 0][0],
+                      kinds[kind, 0][1], kinds[kind, 1][1], kinds[kind, 1][1] / kinds[kind, 0][1],
+                      kinds["int", 1][0] / kinds[kind, 1][0], kinds[kind, 1][1] / kinds["int", 1][1]] for kind in KINDS])
         print_table("kill -9 of a node holding primaries (backup_count=1)",
                     ["measure", "value", "goal"],
                     [["seconds until its keys read again", served, f"<= {HEARTBEAT + 0.5:g} (heartbeat_timeout + 0.5)"],
