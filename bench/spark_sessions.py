@@ -21,8 +21,10 @@ state, into the ``noop`` sink:
   a Python pass cost before any state is touched. Its "x TWS" is the most any
   stateful engine built on them could reach here.
 
-Then the timer's own cost, in one process against the same cluster: N
-timers registered and fired through the operator's handle and timer view
+Then the vectorized engine alone on the same sessions keyed by ints, UUID
+strings and (tenant string, int) tuples (goal: each within 1.2x of ints). And
+the timer's own cost, in one process against the same cluster, per key kind:
+N timers registered and fired through the operator's handle and timer view
 (fire = find the expired ones in the index by time, delete them) against N
 value-state writes of the same keys (goal: firing <= 2x a write per timer).
 """
@@ -51,7 +53,7 @@ from pyspark.sql.streaming import StatefulProcessor as SparkProcessor  # noqa: E
 from pyspark.sql.streaming import StreamingQueryListener  # noqa: E402
 
 import rockstate  # noqa: E402
-from common import print_table  # noqa: E402
+from common import key_of, print_table  # noqa: E402
 from rockstate.spark import StatefulProcessor, close_clients, settle, transform_with_state  # noqa: E402
 from rockstate.spark.batch import Batch, BatchWriter  # noqa: E402
 from rockstate.spark.processor import StatefulProcessorHandle  # noqa: E402
@@ -75,12 +77,15 @@ def _nothing(batches):
 
 
 class VectorSessions(StatefulProcessor):
+    def __init__(self, keys: list[str] = ("key",)) -> None:
+        self.keys = list(keys)  # one column, or a (tenant, key) tuple of two
+
     def init(self, handle):
         self.handle = handle
         self.sessions = handle.value_state("sessions")  # [events, timer ms]
 
     def handle_batch(self, batch):
-        sizes = batch.groupby("key").size()
+        sizes = batch.groupby(self.keys[0] if len(self.keys) == 1 else self.keys).size()
         now = self.handle.now_ms()
         old = self.sessions.get_many(sizes.index)
         had = [i for i, s in enumerate(old) if s is not None]
@@ -91,9 +96,10 @@ class VectorSessions(StatefulProcessor):
         self.handle.register_timers(sizes.index, np.full(len(sizes), now + GAP_MS))
 
     def handle_expired_timers(self, timers, timer_values):
-        found = self.sessions.get_many(timers["key"])
-        self.sessions.delete_many(timers["key"])
-        return pd.DataFrame({"key": timers["key"], "events": [s[0] for s in found]})
+        keys = timers[self.keys[0]] if len(self.keys) == 1 else timers[self.keys]
+        found = self.sessions.get_many(keys)
+        self.sessions.delete_many(keys)
+        return timers[self.keys].assign(events=[s[0] for s in found])
 
 
 class SparkSessions(SparkProcessor):
@@ -134,19 +140,39 @@ class KeySessions(StatefulProcessor):  # SparkSessions with rockstate's names: t
         yield pd.DataFrame({"key": key, "events": [n]})
 
 
-def write_events(directory: str) -> pd.Series:
-    """BATCHES Parquet files; returns the events per key of the sessions that close (all but the last batch's)."""
+KINDS = {  # key kind: (key columns, their schema); the main table's string ids are "user-00000042"
+    "int": (["key"], "key long"),
+    "uuid": (["key"], "key string"),
+    "tuple": (["tenant", "key"], "tenant string, key long"),
+}
+
+
+def write_events(directory: str, kind: str = "ids") -> dict:
+    """BATCHES Parquet files; returns the events per key of the sessions that close (all but the last batch's),
+    {key: events} (a (tenant, key) tuple for tuples). ``kind``: "ids" (strings "user-00000042") or one
+    of KINDS."""
     rng = np.random.default_rng(7)
     keys = rng.integers(0, KEYS, EVENTS)
-    ids = np.array([f"user-{k:08d}" for k in range(KEYS)], dtype=object)
+    if kind == "ids":
+        columns = {"key": np.array([f"user-{k:08d}" for k in range(KEYS)], dtype=object)}
+    elif kind == "tuple":
+        columns = {"tenant": np.array([key_of("tuple", k)[0] for k in range(KEYS)], dtype=object), "key": np.arange(KEYS)}
+    else:
+        columns = {"key": np.array([key_of(kind, k) for k in range(KEYS)], dtype=object if kind == "uuid" else np.int64)}
     os.makedirs(directory)
     for b in range(BATCHES):
         mine = keys[keys % BATCHES == b]
         path = os.path.join(directory, f"part-{b:03d}.parquet")
-        pq.write_table(pa.table({"key": ids[mine]}), path)
+        pq.write_table(pa.table({name: column[mine] for name, column in columns.items()}), path)
         os.utime(path, (1000 + b, 1000 + b))
     closed = keys[keys % BATCHES != BATCHES - 1]
-    return pd.Series(ids[closed]).value_counts()
+    counts = pd.DataFrame({name: column[closed] for name, column in columns.items()}).value_counts()
+    return {k if len(columns) > 1 else k[0]: int(n) for k, n in counts.items()}
+
+
+def sessions_of(out: pd.DataFrame, keys: list[str]) -> dict:
+    """A query's output as {key: events}, as ``write_events`` answers."""
+    return out.set_index(keys[0] if len(keys) == 1 else keys)["events"].to_dict()
 
 
 class InputDone(StreamingQueryListener):
@@ -170,9 +196,10 @@ class InputDone(StreamingQueryListener):
         self.done.add(str(event.id))
 
 
-def stream(spark, source: str, root: str, name: str, build, listener: InputDone) -> tuple[float, pd.DataFrame, object]:
+def stream(spark, source: str, root: str, name: str, build, listener: InputDone,
+           schema: str = "key string") -> tuple[float, pd.DataFrame, object]:
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
-    df = spark.readStream.schema("key string").option("maxFilesPerTrigger", 1).parquet(source)
+    df = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(source)
     start = time.perf_counter()
     q = (build(df).writeStream.format("memory").queryName(name).outputMode("append")
          .option("checkpointLocation", os.path.join(root, f"chk-{name}")).trigger(availableNow=True).start())
@@ -186,10 +213,16 @@ def stream(spark, source: str, root: str, name: str, build, listener: InputDone)
     return elapsed, spark.table(name).toPandas(), q
 
 
-def timer_cost(rs) -> tuple[float, float]:
-    """Per key: (a value-state write, a timer fired), each a batch of TIMERS keys through the operator's handle."""
-    handle = StatefulProcessorHandle(rs.backend, "bench-timers", time_mode="processingtime")
-    keys = pd.Index([f"user-{k:08d}" for k in range(TIMERS)])
+def timer_cost(rs, kind: str = "ids") -> tuple[float, float]:
+    """Per key: (a value-state write, a timer fired), each a batch of TIMERS keys of ``kind`` through the operator's
+    handle."""
+    handle = StatefulProcessorHandle(rs.backend, f"bench-timers-{kind}", time_mode="processingtime")
+    if kind == "ids":
+        keys = pd.Index([f"user-{k:08d}" for k in range(TIMERS)])
+    elif kind == "tuple":
+        keys = pd.MultiIndex.from_tuples([key_of(kind, k) for k in range(TIMERS)])
+    else:
+        keys = pd.Index([key_of(kind, k) for k in range(TIMERS)])
     state = handle.value_state("written")
 
     def in_batch(work) -> float:
@@ -213,6 +246,25 @@ def timer_cost(rs) -> tuple[float, float]:
 
         fires.append(in_batch(fire))
     return statistics.median(writes) / TIMERS, statistics.median(fires) / TIMERS
+
+
+def by_kind(spark, cluster, root: str, listener: InputDone) -> list[list]:
+    """The vectorized engine on ints, UUID strings and (tenant, int) tuples: every run's sessions checked."""
+    times = {}
+    for kind, (keys, schema) in KINDS.items():
+        source = os.path.join(root, f"events-{kind}")
+        closed = write_events(source, kind)
+        output = f"{schema}, events long"
+        times[kind] = []
+        for run in range(RUNS):
+            elapsed, out, q = stream(spark, source, root, f"k{kind}{run}", lambda df: transform_with_state(
+                df, keys, VectorSessions(keys), output, cluster.address, time_mode="processingtime"), listener, schema)
+            assert sessions_of(out, keys) == closed, f"{kind}: sessions differ"
+            settle(q, cluster.address)
+            times[kind].append(elapsed)
+    int_s = statistics.median(times["int"])
+    return [[kind, f"{statistics.median(runs):.2f}", " ".join(f"{t:.1f}" for t in runs),
+             f"{EVENTS / statistics.median(runs) / 1000:.1f}", f"{statistics.median(runs) / int_s:.2f}"] for kind, runs in times.items()]
 
 
 def main() -> None:
@@ -240,8 +292,8 @@ def main() -> None:
             for run in range(RUNS):  # the engines in turn, so the machine's load and the JVM's warm-up spread over all
                 for i, (name, build) in enumerate(engines):
                     elapsed, out, q = stream(spark, os.path.join(root, "events"), root, f"s{run}_{i}", build, listener)
-                    got = out.set_index("key")["events"].sort_index().to_dict()
-                    expected = {} if name == FLOOR else closed.sort_index().to_dict()
+                    got = sessions_of(out, ["key"])
+                    expected = {} if name == FLOOR else closed
                     # Spark's no-data batches (before it was stopped) may close the last batch's sessions too
                     assert got == expected or (name.startswith("Spark") and expected.items() <= got.items()), f"{name}: sessions differ"
                     if name.startswith("rockstate"):
@@ -256,11 +308,13 @@ def main() -> None:
                         f"(gap {GAP_MS} ms), {len(closed):,} sessions closed, local[2], median of {RUNS} runs each, engines in turn "
                         "(goal: rockstate >= 10x TWS)",
                         ["engine", "s", "runs (s)", "k events/s", "x TWS-in-pandas"], rows)
+            print_table(f"the vectorized engine by key kind: the same sessions, median of {RUNS} runs each (cost x int: goal <= 1.2)",
+                        ["keys", "s", "runs (s)", "k events/s", "cost x int"], by_kind(spark, cluster, root, listener))
             with cluster.connect() as rs:
-                write, fire = timer_cost(rs)
+                costs = {kind: timer_cost(rs, kind) for kind in ("ids", *KINDS)}
             print_table(f"timer cost, {TIMERS:,} keys per batch, median of 3 (goal: a fired timer <= 2x a state write)",
-                        ["per key", "us", "x state write"],
-                        [["value-state write", f"{write * 1e6:.2f}", "1.00"], ["timer fired (found by time, deleted)", f"{fire * 1e6:.2f}", f"{fire / write:.2f}"]])
+                        ["keys", "value-state write us", "timer fired us (found by time, deleted)", "x state write"],
+                        [[kind, f"{write * 1e6:.2f}", f"{fire * 1e6:.2f}", f"{fire / write:.2f}"] for kind, (write, fire) in costs.items()])
             close_clients()
     finally:
         spark.stop()
