@@ -1,4 +1,4 @@
-"""What bounds any Python server on this machine, measured beside the goals: a uvloop server that does nothing.
+"""What bounds any Python server on this machine, measured beside the goals: servers that do nothing else.
 
 ``round_trip_p50_us(hops, ...)``: the p50 of a one-key-sized round trip (a
 70-byte request, a ``reply_bytes`` reply) from a blocking socket with
@@ -7,13 +7,19 @@ TCP_NODELAY, as rockstate's client sends it, to a uvloop echo server
 forwarding the request to the next server and answering once that answered:
 the shape of a write to a primary that waits for its backup, with no work at
 either end.
+
+``socket_copy_mb_s(files, target)``: files sent over one loopback TCP
+connection with ``socket.sendfile`` to another process that writes them: a
+plain copy between two processes, the shape of a backup's catch-up copy.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import time
@@ -76,3 +82,55 @@ def round_trip_p50_us(hops: int, calls: int, warmup: int, reply_bytes: int = 130
             if i >= warmup:
                 samples.append(time.perf_counter_ns() - start)
     return statistics.median(samples) / 1000
+
+
+RECEIVER = r"""
+import os, socket, struct, sys
+server = socket.create_server(("127.0.0.1", 0))
+print(server.getsockname()[1], flush=True)
+conn, _ = server.accept()
+view = memoryview(bytearray(4 << 20))
+def exactly(n):
+    got = bytearray()
+    while len(got) < n:
+        chunk = conn.recv(n - len(got))
+        if not chunk:
+            raise SystemExit("sender went away")
+        got += chunk
+    return bytes(got)
+while True:
+    length, size = struct.unpack(">HQ", exactly(10))
+    if not length:
+        break
+    with open(os.path.join(sys.argv[1], exactly(length).decode()), "wb") as f:
+        while size:
+            n = conn.recv_into(view, min(size, len(view)))
+            if not n:
+                raise SystemExit("sender went away")
+            f.write(view[:n])
+            size -= n
+conn.sendall(b"k")
+"""
+
+
+def socket_copy_mb_s(files: list[str], target: str) -> float:
+    """MB/s of sending ``files`` over one loopback TCP connection (``socket.sendfile``) to another process that
+    writes them into ``target``: a plain copy between two processes, with no protocol of rockstate's."""
+    proc = subprocess.Popen([sys.executable, "-c", RECEIVER, target], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(proc.stdout.readline())
+        size = sum(os.path.getsize(path) for path in files)
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            start = time.perf_counter()
+            for i, path in enumerate(files):
+                name = f"{i:06d}-{os.path.basename(path)}".encode()
+                sock.sendall(struct.pack(">HQ", len(name), os.path.getsize(path)) + name)
+                with open(path, "rb") as f:
+                    sock.sendfile(f)
+            sock.sendall(struct.pack(">HQ", 0, 0))
+            if sock.recv(1) != b"k":
+                raise RuntimeError("the receiver did not take every file")
+            return size / (time.perf_counter() - start) / 1e6
+    finally:
+        proc.kill()
+        proc.wait()
