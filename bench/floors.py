@@ -54,19 +54,24 @@ uvloop.run(main())
 
 
 @contextlib.contextmanager
-def _servers(hops: int, reply_bytes: int):
-    procs = []
+def _listening(code: str, *args: object):
+    """Run ``code`` in a process of its own, which prints the port it listens on; yields that port."""
+    proc = subprocess.Popen([sys.executable, "-c", code, *map(str, args)], stdout=subprocess.PIPE, text=True)
     try:
-        port = None
-        for _ in range(hops):
-            args = [sys.executable, "-c", SERVER, str(reply_bytes)] + ([] if port is None else [str(port)])
-            procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, text=True))
-            port = int(procs[-1].stdout.readline())
-        yield port
+        yield int(proc.stdout.readline())
     finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
+        proc.kill()
+        proc.wait()
+
+
+@contextlib.contextmanager
+def _servers(hops: int, reply_bytes: int):
+    """An echo server behind ``hops - 1`` relays; yields the first one's port."""
+    with contextlib.ExitStack() as stack:
+        port = stack.enter_context(_listening(SERVER, reply_bytes))
+        for _ in range(hops - 1):
+            port = stack.enter_context(_listening(SERVER, reply_bytes, port))
+        yield port
 
 
 def round_trip_p50_us(hops: int, calls: int, warmup: int, reply_bytes: int = 130) -> float:
@@ -116,21 +121,15 @@ conn.sendall(b"k")
 def socket_copy_mb_s(files: list[str], target: str) -> float:
     """MB/s of sending ``files`` over one loopback TCP connection (``socket.sendfile``) to another process that
     writes them into ``target``: a plain copy between two processes, with no protocol of rockstate's."""
-    proc = subprocess.Popen([sys.executable, "-c", RECEIVER, target], stdout=subprocess.PIPE, text=True)
-    try:
-        port = int(proc.stdout.readline())
-        size = sum(os.path.getsize(path) for path in files)
-        with socket.create_connection(("127.0.0.1", port)) as sock:
-            start = time.perf_counter()
-            for i, path in enumerate(files):
-                name = f"{i:06d}-{os.path.basename(path)}".encode()
-                sock.sendall(struct.pack(">HQ", len(name), os.path.getsize(path)) + name)
-                with open(path, "rb") as f:
-                    sock.sendfile(f)
-            sock.sendall(struct.pack(">HQ", 0, 0))
-            if sock.recv(1) != b"k":
-                raise RuntimeError("the receiver did not take every file")
-            return size / (time.perf_counter() - start) / 1e6
-    finally:
-        proc.kill()
-        proc.wait()
+    size = sum(os.path.getsize(path) for path in files)
+    with _listening(RECEIVER, target) as port, socket.create_connection(("127.0.0.1", port)) as sock:
+        start = time.perf_counter()
+        for i, path in enumerate(files):
+            name = f"{i:06d}-{os.path.basename(path)}".encode()
+            sock.sendall(struct.pack(">HQ", len(name), os.path.getsize(path)) + name)
+            with open(path, "rb") as f:
+                sock.sendfile(f)
+        sock.sendall(struct.pack(">HQ", 0, 0))
+        if sock.recv(1) != b"k":
+            raise RuntimeError("the receiver did not take every file")
+        return size / (time.perf_counter() - start) / 1e6

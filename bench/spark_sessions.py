@@ -147,18 +147,22 @@ KINDS = {  # key kind: (key columns, their schema); the main table's string ids 
 }
 
 
+def key_list(kind: str, n: int) -> list:
+    """The first ``n`` keys of ``kind``: "ids" (strings "user-00000042") or one of KINDS."""
+    return [f"user-{k:08d}" for k in range(n)] if kind == "ids" else [key_of(kind, k) for k in range(n)]
+
+
 def write_events(directory: str, kind: str = "ids") -> dict:
     """BATCHES Parquet files; returns the events per key of the sessions that close (all but the last batch's),
     {key: events} (a (tenant, key) tuple for tuples). ``kind``: "ids" (strings "user-00000042") or one
     of KINDS."""
     rng = np.random.default_rng(7)
     keys = rng.integers(0, KEYS, EVENTS)
-    if kind == "ids":
-        columns = {"key": np.array([f"user-{k:08d}" for k in range(KEYS)], dtype=object)}
-    elif kind == "tuple":
-        columns = {"tenant": np.array([key_of("tuple", k)[0] for k in range(KEYS)], dtype=object), "key": np.arange(KEYS)}
+    every = key_list(kind, KEYS)
+    if kind == "tuple":
+        columns = {"tenant": np.array([tenant for tenant, _ in every], dtype=object), "key": np.arange(KEYS)}
     else:
-        columns = {"key": np.array([key_of(kind, k) for k in range(KEYS)], dtype=object if kind == "uuid" else np.int64)}
+        columns = {"key": np.array(every, dtype=np.int64 if kind == "int" else object)}
     os.makedirs(directory)
     for b in range(BATCHES):
         mine = keys[keys % BATCHES == b]
@@ -217,12 +221,7 @@ def timer_cost(rs, kind: str = "ids") -> tuple[float, float]:
     """Per key: (a value-state write, a timer fired), each a batch of TIMERS keys of ``kind`` through the operator's
     handle."""
     handle = StatefulProcessorHandle(rs.backend, f"bench-timers-{kind}", time_mode="processingtime")
-    if kind == "ids":
-        keys = pd.Index([f"user-{k:08d}" for k in range(TIMERS)])
-    elif kind == "tuple":
-        keys = pd.MultiIndex.from_tuples([key_of(kind, k) for k in range(TIMERS)])
-    else:
-        keys = pd.Index([key_of(kind, k) for k in range(TIMERS)])
+    keys = (pd.MultiIndex.from_tuples if kind == "tuple" else pd.Index)(key_list(kind, TIMERS))
     state = handle.value_state("written")
 
     def in_batch(work) -> float:

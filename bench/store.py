@@ -72,7 +72,7 @@ class Raw:
         self.db.close()
 
 
-class RawSplit(Raw):
+class RawSplit:
     """The floor under rockstate at P partitions: raw rocksdict, one DB per partition, each batch split by the
     keys' partitions (as rockstate hashes them) into one WriteBatch and one multi-get per DB: what RocksDB itself
     costs once a batch is spread over P DBs, with none of rockstate's encoding, hashing or grouping in the timing."""
