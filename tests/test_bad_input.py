@@ -484,7 +484,7 @@ def _out_of_range(epoch: int, pid: int) -> dict:
     scan = p.Scan(epoch=epoch, partition=pid, state="raw-target").to_wire()
     stage = p.Stage(epoch=epoch, query="range", batch=0, operator="op", attempt=0, seq=0, groups=[]).to_wire()
     finish = p.FinishTask(epoch=epoch, query="range", batch=0, operator="op", run="", task=0, tasks=1, pids=[], groups=[]).to_wire()
-    chunk = p.MoveChunk(partition=pid, name="x", offset=0, length=1).to_wire()
+    chunk = p.IngestChunk(upload="x", offset=0, data=b"").to_wire()
     return {
         "scan limit -1": ("node", {**scan, "limit": -1}, "limit",
                           "field 'limit' of 'scan' message must be an int from 1 to 100000, not -1"),
@@ -496,8 +496,8 @@ def _out_of_range(epoch: int, pid: int) -> dict:
                             "field 'seq' of 'stage' message must be an int from 0 to 2**32 - 1"),
         "finish task of 0 tasks": ("node", {**finish, "tasks": 0}, "tasks",
                                    "field 'tasks' of 'finish_task' message must be an int from 1 to 2**32 - 1, not 0"),
-        "move chunk length -1": ("node", {**chunk, "length": -1}, "length",
-                                 "field 'length' of 'move_chunk' message must be an int from 1 to 2**28, not -1"),
+        "ingest chunk offset -1": ("node", {**chunk, "offset": -1}, "offset",
+                                   "field 'offset' of 'ingest_chunk' message must be an int from 0 to 2**63 - 1, not -1"),
         "events wait -1": ("coordinator", {**p.Events().to_wire(), "wait": -1.0}, "wait",
                            "field 'wait' of 'events' message must be a finite number >= 0, not -1.0"),
         "events wait nan": ("coordinator", {**p.Events().to_wire(), "wait": float("nan")}, "wait",

@@ -270,6 +270,7 @@ class Coordinator(ClusterAnswers, MemberHandlers, Leading):
         if self.checkpoints is not None:
             await self._failover(node_id)
         if self.replicas.enabled:
+            self._spawn(self.replicas.ensure())  # backup_count restored first (not after the moves): durability before balance
             await self._rebalance()  # the promoted primaries spread out again
 
     # -- membership ------------------------------------------------------------

@@ -3,8 +3,9 @@
 Phase 1, the source keeps serving. The target asks the source for a copy:
 the source takes a hard-link RocksDB checkpoint of the partition under its
 write lock and, from that instant, records every write to the partition.
-The target fetches the copy's files in chunks into ``<store>/incoming/``,
-opens the copy (not serving it), and catches up with the writes recorded
+The copy's files come back as one stream (the answer to ``MoveCopy``, read
+on a connection of its own) into the target's ``<store>/incoming/``; it
+opens the copy (not serving it) and catches up with the writes recorded
 while it fetched.
 
 Phase 2, the partition is frozen on the source (writes wait; the coordinator
@@ -27,11 +28,12 @@ import logging
 import os
 import shutil
 import time
-from typing import Awaitable, Callable
+from typing import AsyncGenerator, Awaitable, Callable
 
 from ..control.migration import Migration, Step
 from ..errors import ClusterError, RockstateError
 from ..rpc.async_client import AsyncChannel
+from ..rpc.server import Stream
 from ..store import Store
 from ..store.store import partition_dir
 from . import protocol as p
@@ -63,20 +65,25 @@ class MoveSource:
     def listing(self, name: str) -> list[list]:
         return [[f, os.path.getsize(os.path.join(self._dir(name), f))] for f in sorted(os.listdir(self._dir(name)))]
 
-    def copy(self, pid: int) -> list[list]:
-        """Take the copy and start recording; answers [[file name, size], ...] (blocking)."""
+    def copy(self, pid: int) -> Stream:
+        """Take the copy and start recording; answers its stream (blocking)."""
         self.take(self.store.partition(pid), partition_dir(pid), record=True)
-        return self.listing(partition_dir(pid))
+        return self.stream(partition_dir(pid))
 
-    def read(self, name: str, file: str, offset: int, length: int) -> bytes:
-        if os.sep in file or file.startswith("."):
-            raise ClusterError(f"bad file name {file!r} in copy {name}")
-        with open(os.path.join(self._dir(name), file), "rb") as f:
-            f.seek(offset)
-            return f.read(min(length, CHUNK))
+    def stream(self, name: str, answer: object = None) -> Stream:
+        """Copy ``name``'s listing (or ``answer``, which carries it as "files"), then its files' bytes in that order."""
+        files = self.listing(name)
+        return Stream(files if answer is None else {**answer, "files": files}, self._chunks(name, files))
 
-    def chunk(self, pid: int, name: str, offset: int, length: int) -> bytes:
-        return self.read(partition_dir(pid), name, offset, length)
+    async def _chunks(self, name: str, files: list[list]) -> AsyncGenerator[bytes, None]:
+        for file, size in files:
+            with open(os.path.join(self._dir(name), file), "rb", buffering=0) as f:
+                while size:  # exactly the listed size: the receiver counts on it
+                    data = await asyncio.to_thread(f.read, min(size, CHUNK))
+                    if not data:
+                        raise ClusterError(f"{file} of copy {name} ended {size} bytes short of its listing")
+                    size -= len(data)
+                    yield data
 
     def delta(self, pid: int, final: bool) -> list:
         """The writes since the copy or the last delta; ``final``: the partition is frozen, recording ends."""
@@ -90,20 +97,24 @@ class MoveSource:
             pass
 
 
-async def fetch_files(files: list, target: str, read: Callable[[str, int, int], Awaitable[bytes]]) -> int:
-    """Fetch a copy's ``files`` ([[name, size], ...]) into ``target`` with ``read(name, offset, length)``; answers bytes."""
+def receive_files(files: list, target: str, read_into: Callable[[memoryview], int]) -> int:
+    """Write a copy's ``files`` ([[name, size], ...]), whose bytes ``read_into`` gives in that order, into ``target``
+    (blocking: a worker thread's); answers their bytes."""
     shutil.rmtree(target, ignore_errors=True)
     os.makedirs(target)
-    copied = 0
+    buffer = memoryview(bytearray(CHUNK))
     for name, size in files:
+        if not isinstance(name, str) or os.sep in name or name.startswith(".") or not isinstance(size, int):
+            raise ClusterError(f"bad file {name!r} (size {size!r}) in a copy's listing")
         with open(os.path.join(target, name), "wb") as f:
-            while f.tell() < size:
-                data = await read(name, f.tell(), CHUNK)
-                if not data:
-                    raise ClusterError(f"{name} ended at {f.tell()} of {size} bytes")
-                f.write(data)
-        copied += size
-    return copied
+            left = size
+            while left:
+                n = read_into(buffer[:min(left, CHUNK)])
+                if not n:
+                    raise ClusterError(f"the copy's stream ended {size - left} bytes into {name} ({size} bytes)")
+                f.write(buffer[:n])
+                left -= n
+    return sum(size for _, size in files)
 
 
 class MoveTarget:
@@ -146,7 +157,6 @@ class NodeMoves:
             p.PullDelta: self.pull_delta,
             p.PullDiscard: self.pull_discard,
             p.MoveCopy: self.move_copy,
-            p.MoveChunk: self.move_chunk,
             p.MoveDelta: self.move_delta,
             p.MoveDiscard: self.move_discard,
         }
@@ -174,11 +184,8 @@ class NodeMoves:
             self.resumed(pid)
             raise
 
-    async def move_copy(self, msg: p.MoveCopy, conn) -> list:
+    async def move_copy(self, msg: p.MoveCopy, conn) -> Stream:
         return await asyncio.to_thread(self.source.copy, self.own.copy(msg.partition))
-
-    async def move_chunk(self, msg: p.MoveChunk, conn) -> bytes:
-        return await asyncio.to_thread(self.source.chunk, self.own.check_owned(msg.partition), msg.name, msg.offset, msg.length)
 
     async def move_delta(self, msg: p.MoveDelta, conn) -> list:
         return self.source.delta(self.own.delta(msg.partition, msg.final), msg.final)
@@ -211,8 +218,7 @@ class NodeMoves:
         target = self.target.dir(pid)
         source = self.peer(msg.source)
         try:
-            copied = await fetch_files(await source.call(p.MoveCopy(partition=pid)), target, lambda name, offset, length:
-                                       source.call(p.MoveChunk(partition=pid, name=name, offset=offset, length=length)))
+            copied = await source.stream(p.MoveCopy(partition=pid), lambda files, read_into: receive_files(files, target, read_into))
             await asyncio.to_thread(self.target.install, pid)
             catch_up = await source.call(p.MoveDelta(partition=pid, final=False))
             await asyncio.to_thread(self.target.apply, pid, catch_up)

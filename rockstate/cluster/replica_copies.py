@@ -3,10 +3,10 @@
 The coordinator sends the backup ``ReplicaCatchUp``. The backup asks the
 primary for a copy (``ReplicaCopy``): the primary takes a hard-link RocksDB
 checkpoint under the partition's write lock, at batch S, and from that instant
-ships the backup the batches after S (``replication.py``). The backup fetches
-the copy's files in chunks (``ReplicaChunk``, as moves fetch theirs), opens
-it in place of whatever copy it had, and applies the stream from S + 1; the
-primary then reports it caught up.
+ships the backup the batches after S (``replication.py``). The copy's files
+come back as one stream on a connection of its own (as a move's do); the
+backup opens the copy in place of whatever copy it had and applies the
+batches from S + 1; the primary then reports it caught up.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from ..control.write_acks import BackupApply
 from ..errors import PartitionUnavailableError
 from ..store.store import partition_dir
 from . import protocol as p
-from .moves import MoveSource, fetch_files
+from ..rpc.server import Stream
+from .moves import MoveSource, receive_files
 
 if TYPE_CHECKING:
     from .replication import NodeReplication
@@ -34,7 +35,7 @@ class ReplicaCopies:
     def __init__(self, replication: "NodeReplication") -> None:
         self.r = replication
         self._source: MoveSource | None = None
-        self.handlers = {p.ReplicaCopy: self.copy, p.ReplicaChunk: self.chunk, p.ReplicaCatchUp: self.catch_up}
+        self.handlers = {p.ReplicaCopy: self.copy, p.ReplicaCatchUp: self.catch_up}
 
     @property
     def source(self) -> MoveSource:
@@ -44,12 +45,12 @@ class ReplicaCopies:
 
     # -- on the primary ---------------------------------------------------------------
 
-    async def copy(self, msg: p.ReplicaCopy, conn) -> dict:
+    async def copy(self, msg: p.ReplicaCopy, conn) -> Stream:
         r, pid = self.r, msg.partition
         if pid not in r.acks or msg.node not in r.table.backups_of(pid):
             raise PartitionUnavailableError(f"this node is not partition {pid}'s primary with backup {msg.node}", partition=pid)
         seq = await asyncio.to_thread(self._take, pid, msg.node)
-        return {"files": self.source.listing(_name(pid, msg.node)), "seq": seq}
+        return self.source.stream(_name(pid, msg.node), {"seq": seq})
 
     def _take(self, pid: int, node: str) -> int:
         part, at = self.r.store.partition(pid), []
@@ -60,9 +61,6 @@ class ReplicaCopies:
 
         self.source.take(part, _name(pid, node), then=position)
         return at[0]
-
-    async def chunk(self, msg: p.ReplicaChunk, conn) -> bytes:
-        return await asyncio.to_thread(self.source.read, _name(msg.partition, msg.node), msg.name, msg.offset, msg.length)
 
     # -- on the backup ----------------------------------------------------------------
 
@@ -89,12 +87,14 @@ class ReplicaCopies:
         r.store.close_partition(pid)  # replace_partitions puts the new copy in its place
         target = os.path.join(r.store.path, "replicas-in", partition_dir(pid))
         channel, me = r.peer(source), r.node_id()
+
+        def receive(answer: dict, read_into) -> int:  # on the stream's thread
+            steps.append(time.perf_counter())  # the copy is taken; its files follow
+            return receive_files(answer["files"], target, read_into)
+
         try:
             steps.append(time.perf_counter())
-            reply = await channel.call(p.ReplicaCopy(partition=pid, node=me), timeout=600.0)
-            steps.append(time.perf_counter())
-            copied = await fetch_files(reply["files"], target, lambda name, offset, length: channel.call(
-                p.ReplicaChunk(partition=pid, node=me, name=name, offset=offset, length=length)))
+            copied = await channel.stream(p.ReplicaCopy(partition=pid, node=me), receive, timeout=600.0)
             steps.append(time.perf_counter())
             await asyncio.to_thread(r.store.replace_partitions, {pid: target})
             steps.append(time.perf_counter())

@@ -6,12 +6,12 @@ import asyncio
 import itertools
 import socket
 import ssl as _ssl
-from typing import Any
+from typing import Any, Callable
 
 from rockstate.errors import ProtocolError, RockstateError, StoreClosedError
 
 from . import auth
-from .client import REPLY_GRACE, _hello, _transport_error, _welcomed, split_address
+from .client import REPLY_GRACE, T, _Connection, _hello, _transport_error, _welcomed, split_address, streamed
 from .frames import GREETING_TIMEOUT, MAGIC, MAX_FRAME, encode, read_frame, read_greeting, write_frame
 from .messages import Challenge, Message, parse_reply, request
 
@@ -58,6 +58,23 @@ class AsyncChannel:
         if isinstance(result, BaseException):  # a server error, or the reader's news of a lost connection
             raise result
         return result
+
+    async def stream(self, msg: Message, consume: Callable[[Any, Callable[[memoryview], int]], T],
+                     timeout: float | None = None, read_timeout: float | None = None) -> T:
+        """A call whose handler answers a ``server.Stream`` (a bulk transfer), on a connection of its own in a worker
+        thread, so that its bytes never pass through the event loop: see ``client.streamed``. ``read_timeout``
+        (default: the channel's) bounds each read of the stream, ``timeout`` its answer."""
+        timeout = self.timeout if timeout is None else timeout
+        if self._closed:
+            raise StoreClosedError(f"the channel to {self.address} is closed")
+        conn = await asyncio.to_thread(_Connection, self.address, timeout, self._ssl, self._secret, self.name, self._max_frame)
+        reading = asyncio.ensure_future(asyncio.to_thread(streamed, conn, msg, consume, timeout, read_timeout or self.timeout))
+        try:
+            return await asyncio.shield(reading)
+        except asyncio.CancelledError:
+            conn.shutdown()  # the thread's next read fails, and it closes the connection
+            reading.add_done_callback(lambda f: f.cancelled() or f.exception())  # that failure is nobody's news
+            raise
 
     async def _connected(self, timeout: float) -> asyncio.StreamWriter:
         async with self._connecting:

@@ -18,8 +18,8 @@ import socket
 import ssl as _ssl
 import struct
 import time
-from collections.abc import Iterable, Iterator
-from typing import Any, NoReturn
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NoReturn, TypeVar
 
 from rockstate.errors import (
     ClusterTimeoutError,
@@ -38,6 +38,7 @@ from .messages import PROTOCOL_VERSION, Challenge, Hello, Message, Welcome, pars
 REPLY_GRACE = 0.1
 _RECEIVE = 64 * 1024  # bytes asked of the socket at a time (a larger buffer is a mmap per receive)
 _TIMEVAL = struct.Struct("@ll")  # struct timeval, for SO_RCVTIMEO and SO_SNDTIMEO
+T = TypeVar("T")
 
 
 def split_address(address: object) -> tuple[str, int]:
@@ -203,6 +204,23 @@ class _Connection:
                 got += count
         return data
 
+    def read_into(self, view: memoryview) -> int:
+        """Raw bytes after an answer (a ``Stream``'s) into ``view``; their count, 0 at the stream's end."""
+        if self._received:
+            n = min(len(view), len(self._received))
+            view[:n] = self._received[:n]
+            del self._received[:n]
+            return n
+        try:
+            return self._sock.recv_into(view)
+        except BaseException as e:
+            self._fail(e, self._timeout or 0.0)
+
+    def shutdown(self) -> None:
+        """Wake a thread reading from this connection: its read fails (from another thread)."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+
     def _settimeout(self, timeout: float) -> None:
         if timeout == self._timeout:  # each change is a system call (two with kernel timeouts)
             return
@@ -226,6 +244,19 @@ class _Connection:
     def close(self) -> None:
         self.closed = True
         self._sock.close()
+
+
+def streamed(conn: _Connection, msg: Message, consume: Callable[[Any, Callable[[memoryview], int]], T],
+             timeout: float, read_timeout: float) -> T:
+    """Ask ``conn`` for ``msg``, whose handler answers a ``server.Stream``; ``consume(result, read_into)`` takes the
+    stream's bytes (``read_into(view)``: their count, 0 at the end; each read waits at most ``read_timeout``).
+    Answers what ``consume`` answers; the connection is spent and closed."""
+    try:
+        result = conn.call(msg, timeout)
+        conn._settimeout(read_timeout)
+        return consume(result, conn.read_into)
+    finally:
+        conn.close()
 
 
 class Channel:

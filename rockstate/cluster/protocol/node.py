@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import I64, MAX_FRAME, Message, Ranged
+from .base import I64, Message, Ranged
 
 # -- served by a node: asked by the coordinator -----------------------------------
 
@@ -127,19 +127,11 @@ class PullDiscard(Message):
 
 
 class MoveCopy(Message):
-    """On the source: take a copy to hand over and record writes from now on; answers [[file, size], ...]."""
+    """On the source: take a copy to hand over and record writes from now on; answers [[file, size], ...], then
+    streams the files' bytes (``rpc.server.Stream``)."""
 
     op = "move_copy"
     partition: int
-
-
-class MoveChunk(Ranged, Message):
-    op = "move_chunk"
-    ranges = {"offset": (0, I64), "length": (1, MAX_FRAME)}
-    partition: int
-    name: str
-    offset: int
-    length: int
 
 
 class MoveDelta(Message):
@@ -170,21 +162,11 @@ class ReplicaApply(Message):
 
 class ReplicaCopy(Message):
     """On a primary: take a hard-link copy of the partition for backup ``node`` and ship it the batches after it;
-    answers {"files": [[name, size], ...], "seq": the copy's last batch}."""
+    answers {"files": [[name, size], ...], "seq": the copy's last batch}, then streams the files' bytes."""
 
     op = "replica_copy"
     partition: int
     node: str
-
-
-class ReplicaChunk(Ranged, Message):
-    op = "replica_chunk"
-    ranges = {"offset": (0, I64), "length": (1, MAX_FRAME)}
-    partition: int
-    node: str
-    name: str
-    offset: int
-    length: int
 
 
 class ReplicaCatchUp(Message):
