@@ -13,9 +13,9 @@ a decimal amount:
   until every key of its partitions reads back its value again (a client
   retrying, as users' clients do), against ``heartbeat_timeout``;
 - re-replication: the backup copies the kill made the coordinator create on
-  the survivors (``replica_copied`` events: hard-link snapshot, chunks over
-  the node protocol, open): their bytes over the wall-clock span from the
-  first copy's start to the last one's end (copies run
+  the survivors (``replica_copied`` events: hard-link snapshot, its files as
+  one stream on a connection of their own, open): their bytes over the
+  wall-clock span from the first copy's start to the last one's end (copies run
   ``max_concurrent_migrations`` at once, so summing each copy's seconds would
   count overlapping time twice), against a plain copy of the same bytes --
   every partition directory the killed node held, copied one after another

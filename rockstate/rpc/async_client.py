@@ -67,12 +67,19 @@ class AsyncChannel:
         timeout = self.timeout if timeout is None else timeout
         if self._closed:
             raise StoreClosedError(f"the channel to {self.address} is closed")
-        conn = await asyncio.to_thread(_Connection, self.address, timeout, self._ssl, self._secret, self.name, self._max_frame)
-        reading = asyncio.ensure_future(asyncio.to_thread(streamed, conn, msg, consume, timeout, read_timeout or self.timeout))
+        opened: list[_Connection] = []
+
+        def run() -> T:
+            conn = _Connection(self.address, timeout, self._ssl, self._secret, self.name, self._max_frame)
+            opened.append(conn)
+            return streamed(conn, msg, consume, timeout, read_timeout or self.timeout)
+
+        reading = asyncio.ensure_future(asyncio.to_thread(run))
         try:
             return await asyncio.shield(reading)
         except asyncio.CancelledError:
-            conn.shutdown()  # the thread's next read fails, and it closes the connection
+            for conn in opened:
+                conn.shutdown()  # the thread's next read fails, and it closes the connection
             reading.add_done_callback(lambda f: f.cancelled() or f.exception())  # that failure is nobody's news
             raise
 
