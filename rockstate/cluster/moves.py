@@ -32,8 +32,7 @@ from typing import AsyncGenerator, Awaitable, Callable
 
 from ..control.migration import Migration, Step
 from ..errors import ClusterError, RockstateError
-from ..rpc.async_client import AsyncChannel
-from ..rpc.server import Stream
+from ..rpc import AsyncChannel, Stream
 from ..store import Store
 from ..store.store import partition_dir
 from . import protocol as p

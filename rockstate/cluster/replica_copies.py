@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 
 from ..control.write_acks import BackupApply
 from ..errors import PartitionUnavailableError
+from ..rpc import Stream
 from ..store.store import partition_dir
 from . import protocol as p
-from ..rpc.server import Stream
 from .moves import MoveSource, receive_files
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from rockstate.cluster.moves import receive_files
 from rockstate.errors import ClusterError, ClusterTimeoutError, ConnectionLostError, NotOwnerError
 from rockstate.rpc import AsyncChannel
 from rockstate.rpc.messages import Message
-from rockstate.rpc.server import Stream
+from rockstate.rpc import Stream
 
 from .support import Echo, echo, wait_for
 from .test_server import tls  # noqa: F401 -- the fixture
