@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import socket
 import ssl as _ssl
+import threading
 from typing import Any, Callable
 
 from rockstate.errors import ProtocolError, RockstateError, StoreClosedError
@@ -63,21 +64,27 @@ class AsyncChannel:
                      timeout: float | None = None, read_timeout: float | None = None) -> T:
         """A call whose handler answers a ``server.Stream`` (a bulk transfer), on a connection of its own in a worker
         thread, so that its bytes never pass through the event loop: see ``client.streamed``. ``read_timeout``
-        (default: the channel's) bounds each read of the stream, ``timeout`` its answer."""
+        (default: the channel's) bounds the connection's set-up and each read of the stream, ``timeout`` its answer."""
         timeout = self.timeout if timeout is None else timeout
+        read_timeout = read_timeout or self.timeout
         if self._closed:
             raise StoreClosedError(f"the channel to {self.address} is closed")
         opened: list[_Connection] = []
+        cancelled = threading.Event()
 
         def run() -> T:
-            conn = _Connection(self.address, timeout, self._ssl, self._secret, self.name, self._max_frame)
+            conn = _Connection(self.address, min(timeout, read_timeout), self._ssl, self._secret, self.name, self._max_frame)
             opened.append(conn)
-            return streamed(conn, msg, consume, timeout, read_timeout or self.timeout)
+            if cancelled.is_set():  # while it connected
+                conn.close()
+                raise StoreClosedError(f"the stream from {self.address} was cancelled")
+            return streamed(conn, msg, consume, timeout, read_timeout)
 
         reading = asyncio.ensure_future(asyncio.to_thread(run))
         try:
             return await asyncio.shield(reading)
         except asyncio.CancelledError:
+            cancelled.set()
             for conn in opened:
                 conn.shutdown()  # the thread's next read fails, and it closes the connection
             reading.add_done_callback(lambda f: f.cancelled() or f.exception())  # that failure is nobody's news
