@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import shutil
+import ssl
+import subprocess
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -42,3 +45,17 @@ def server(serve: Callable[..., Server]) -> Server:
 def channel(server: Server) -> Iterator[Channel]:
     with Channel(server.address, timeout=2, name="tester") as ch:
         yield ch
+
+
+@pytest.fixture(scope="session")
+def tls(tmp_path_factory):
+    """(server context, client context) for 127.0.0.1, from a throwaway self-signed certificate."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command")
+    d = tmp_path_factory.mktemp("tls")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", d / "key.pem", "-out", d / "cert.pem"], check=True, capture_output=True)
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(d / "cert.pem", d / "key.pem")
+    return server, ssl.create_default_context(cafile=d / "cert.pem")

@@ -1,11 +1,8 @@
 """What the server does with peers that misbehave: bad frames, other versions, wrong secrets."""
 
 import asyncio
-import shutil
 import socket
-import ssl
 import struct
-import subprocess
 
 import pytest
 
@@ -140,19 +137,6 @@ class TestSecret:
                     await bad.call(Echo(value=2))
         loop.run(main())
         assert calls == [1]
-
-
-@pytest.fixture(scope="module")
-def tls(tmp_path_factory):
-    if shutil.which("openssl") is None:
-        pytest.skip("needs the openssl command")
-    d = tmp_path_factory.mktemp("tls")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                    "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", d / "key.pem", "-out", d / "cert.pem"], check=True, capture_output=True)
-    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server.load_cert_chain(d / "cert.pem", d / "key.pem")
-    return server, ssl.create_default_context(cafile=d / "cert.pem")
 
 
 def test_tls(serve, loop, tls):

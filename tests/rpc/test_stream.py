@@ -5,7 +5,6 @@ Real servers and sockets; the chunks are made up here (a node's are its copies' 
 
 import asyncio
 import io
-import tempfile
 import threading
 
 import pytest
@@ -17,7 +16,6 @@ from rockstate.rpc.messages import Message
 from rockstate.rpc import Stream
 
 from .support import Echo, echo, wait_for
-from .test_server import tls  # noqa: F401 -- the fixture
 
 
 class Files(Message):
@@ -70,7 +68,7 @@ def read_all(answer: dict, read_into) -> tuple[dict, bytes]:
 
 
 @pytest.mark.parametrize("security", ["plain", "tls", "secret"])
-def test_a_stream_brings_its_answer_then_its_bytes_and_the_server_serves_on(serve, loop, tls, security):  # noqa: F811
+def test_a_stream_brings_its_answer_then_its_bytes_and_the_server_serves_on(serve, loop, tls, security):
     server_ctx, client_ctx = tls
     secret = "the cluster secret" if security == "secret" else None
     source = Source()
@@ -116,7 +114,7 @@ def test_an_error_before_the_stream_is_raised_as_itself(serve, loop):
     wait_for(lambda: not server._connections)
 
 
-def test_a_stream_whose_source_fails_midway_ends_short(serve, loop):
+def test_a_stream_whose_source_fails_midway_ends_short(serve, loop, tmp_path):
     source = Source()
     server = serve({Files: source.files})
 
@@ -126,10 +124,9 @@ def test_a_stream_whose_source_fails_midway_ends_short(serve, loop):
             assert got == content(0, 8 << 20)[:3 << 20]  # what was sent before the failure, then the end
             with pytest.raises(ClusterError, match="stream ended 3145728 bytes into f"):
                 await ac.stream(Files(sizes=[8 << 20], fail_after=3 << 20),
-                                lambda answer, read_into: receive_files([["f", 8 << 20]], str(tmp), read_into))
+                                lambda answer, read_into: receive_files([["f", 8 << 20]], str(tmp_path), read_into))
 
-    with tempfile.TemporaryDirectory() as tmp:
-        loop.run(main())
+    loop.run(main())
     assert source.closed.is_set()
     wait_for(lambda: not server._requests and not server._connections)
 
