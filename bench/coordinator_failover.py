@@ -36,8 +36,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from common import key_of, print_table  # noqa: E402
 
-from rockstate.cluster.client import ClusterBackend  # noqa: E402
-from rockstate.cluster.local import LocalCluster, wait_until  # noqa: E402
+from rockstate.cluster.client.backend import ClusterBackend  # noqa: E402
+from rockstate.local.cluster import LocalCluster, wait_until  # noqa: E402
 from rockstate.errors import RockstateError  # noqa: E402
 
 RUNS = int(os.environ.get("BENCH_FAILOVER_RUNS", "5"))

@@ -55,7 +55,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from common import KEY_KINDS, key_of, print_table  # noqa: E402
 
-from rockstate.cluster.local import LocalCluster  # noqa: E402
+from rockstate.local.cluster import LocalCluster  # noqa: E402
 from rockstate.errors import RockstateError  # noqa: E402
 
 MB = 1 << 20

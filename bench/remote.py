@@ -54,7 +54,7 @@ from common import COMPARED_KINDS, flat_key, make_keys, median_time, print_table
 from floors import round_trip_p50_us  # noqa: E402
 from rocksdict import Rdict, WriteBatch  # noqa: E402
 
-from rockstate.cluster.local import LocalCluster  # noqa: E402
+from rockstate.local.cluster import LocalCluster  # noqa: E402
 from rockstate.store.resources import Resources  # noqa: E402
 
 BATCH = 1000

@@ -61,7 +61,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from common import COMPARED_KINDS as KINDS, key_of, print_table  # noqa: E402
 from floors import round_trip_p50_us, socket_copy_mb_s  # noqa: E402
 
-from rockstate.cluster.local import LocalCluster  # noqa: E402
+from rockstate.local.cluster import LocalCluster  # noqa: E402
 from rockstate.errors import RockstateError  # noqa: E402
 
 ROUNDS = int(os.environ.get("BENCH_REPL_ROUNDS", "3"))

@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from common import KEY_KINDS, key_of, print_table  # noqa: E402
 
 from rockstate.cluster import protocol as p  # noqa: E402
-from rockstate.cluster.local import LocalCluster  # noqa: E402
+from rockstate.local.cluster import LocalCluster  # noqa: E402
 from rockstate.keys import partition_of  # noqa: E402
 from rockstate.rpc.client import Channel  # noqa: E402
 from rockstate.serde import encode_key, encode_value  # noqa: E402

@@ -26,7 +26,7 @@ __all__ = [
 # only connects, does not pay at start-up for what it never uses (numpy and pyarrow for column keys; the
 # coordinator, its web server and aiohttp for LocalCluster: a quarter of a Spark task's time in a profile).
 _LAZY = {
-    "connect": "cluster.client", "LocalCluster": "cluster.local", "open": "embedded", "partition_of": "keys",
+    "connect": "cluster.client.backend", "LocalCluster": "local.cluster", "open": "embedded", "partition_of": "keys",
     "partitions_of": "keys", "register_codec": "codecs", "ListState": "states", "MapState": "states",
     "Rockstate": "api", "ValueState": "states",
 }

@@ -77,19 +77,19 @@ def _exit_with(parent: int) -> None:
 
 
 def cmd_coordinator(args: argparse.Namespace) -> None:
-    from .cluster.coordinator import run_coordinator
+    from .cluster.coordinator.server import run_coordinator
 
     _serve(run_coordinator(load(CoordinatorConfig, args.config, **_settings(args, CoordinatorConfig))))
 
 
 def cmd_node(args: argparse.Namespace) -> None:
-    from .cluster.node import run_node
+    from .cluster.node.server import run_node
 
     _serve(run_node(load(NodeConfig, args.config, **_settings(args, NodeConfig))))
 
 
 def _backend(args: argparse.Namespace):
-    from .cluster.client import ClusterBackend
+    from .cluster.client.backend import ClusterBackend
     from .cluster.security import client_context, load_secret
 
     return ClusterBackend(args.coordinator, retry_timeout=5.0, secret=load_secret(args.secret_file),

@@ -3,7 +3,7 @@
 import inspect
 import pathlib
 
-from rockstate.cluster.client import CLIENT_SETTINGS, connect
+from rockstate.cluster.client.backend import CLIENT_SETTINGS, connect
 from rockstate.config import CheckpointConfig, CoordinatorConfig, NodeConfig, StoreConfig, settings
 
 SECTIONS = [

@@ -134,7 +134,7 @@ def mib(n: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rockstate.cluster.local import LocalCluster
+    from rockstate.local.cluster import LocalCluster
 
     cap, margin = args.memory_mib * MiB, args.margin_mib * MiB
     ctx = mp.get_context("spawn")

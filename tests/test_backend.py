@@ -5,7 +5,7 @@ import inspect
 import pytest
 
 import rockstate
-from rockstate.cluster.local import LocalCluster
+from rockstate.local.cluster import LocalCluster
 from rockstate.errors import RockstateError
 from rockstate.states import Backend, Checkpointer
 

@@ -28,7 +28,7 @@ import msgpack
 import pytest
 
 from rockstate.cluster import protocol as p
-from rockstate.cluster.local import LocalCluster
+from rockstate.local.cluster import LocalCluster
 from rockstate.config import CoordinatorConfig, NodeConfig, load
 from rockstate.errors import (
     ConfigError,

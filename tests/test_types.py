@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 import rockstate
-from rockstate.cluster.local import LocalCluster
+from rockstate.local.cluster import LocalCluster
 from rockstate.errors import ConfigError, InvalidInputError, InvalidKeyError, InvalidValueError, SizeLimitError
 from rockstate.keys import partition_of, partitions_of
 from rockstate.serde import decode_key, decode_value, decode_values, encode_key

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from rockstate.errors import ClusterError, InvalidInputError
+from ..errors import ClusterError, InvalidInputError
 
 __all__ = ["assign", "counts", "moves"]
 

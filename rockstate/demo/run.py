@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ..cluster.local import LocalCluster
+from ..local.cluster import LocalCluster
 from .events import chunk, generate, ground_truth, write_file
 
 
@@ -55,7 +55,7 @@ class Demo:
                 with contextlib.ExitStack() as stack:
                     master = "local[2,3]"
                     if getattr(a, "spark_cluster", False):
-                        from ..testing.spark_cluster import StandaloneSpark
+                        from ..local.spark import StandaloneSpark
 
                         master = stack.enter_context(StandaloneSpark(os.path.join(self.root, "spark"))).master
                     spark = _spark(master)
@@ -141,7 +141,7 @@ class Demo:
                 time.sleep(0.1)
 
     def takeover(self, cluster: LocalCluster, killed_at: float) -> None:
-        from ..cluster.local import wait_until
+        from ..local.cluster import wait_until
 
         wait_until(lambda: cluster.status()["coordinators"]["leader"] not in (None, self.facts["leader_killed"]), 60, "a standby to lead")
         self.facts.update(new_leader=cluster.status()["coordinators"]["leader"], takeover_seconds=time.monotonic() - killed_at)
@@ -205,7 +205,7 @@ def _spark(master: str = "local[2,3]"):
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    from ..testing.spark_cluster import executor_env
+    from ..local.spark import executor_env
 
     builder = (SparkSession.builder.master(master).appName("rockstate-cdc-demo")
                .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")

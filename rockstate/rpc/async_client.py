@@ -9,7 +9,7 @@ import ssl as _ssl
 import threading
 from typing import Any, Callable
 
-from rockstate.errors import ProtocolError, RockstateError, StoreClosedError
+from ..errors import ProtocolError, RockstateError, StoreClosedError
 
 from . import auth
 from .client import REPLY_GRACE, T, _Connection, _hello, _transport_error, _welcomed, split_address, streamed

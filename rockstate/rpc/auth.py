@@ -13,7 +13,7 @@ import hmac
 import os
 from typing import Any
 
-from rockstate.errors import AuthenticationError
+from ..errors import AuthenticationError
 
 from .messages import Challenge, Proof
 

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NoReturn, TypeVar
 
-from rockstate.errors import (
+from ..errors import (
     ClusterTimeoutError,
     ConfigError,
     ConnectionLostError,

@@ -21,7 +21,7 @@ from typing import Any, BinaryIO, Callable
 
 import msgpack
 
-from rockstate.errors import ClusterTimeoutError, ConnectionLostError, FrameTruncatedError, NotRockstateError, ProtocolError
+from ..errors import ClusterTimeoutError, ConnectionLostError, FrameTruncatedError, NotRockstateError, ProtocolError
 
 MAX_FRAME = 256 * 1024 * 1024
 """Default largest frame body, in bytes, that a peer sends or accepts."""

@@ -24,7 +24,7 @@ import types
 import typing
 from typing import Any, ClassVar
 
-from rockstate.errors import ProtocolError, RockstateError, UnknownOperationError, from_wire
+from ..errors import ProtocolError, RockstateError, UnknownOperationError, from_wire
 
 PROTOCOL_VERSION = 2  # 2: connections open with the greeting (frames.MAGIC)
 

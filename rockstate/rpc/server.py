@@ -26,7 +26,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Gene
 from dataclasses import dataclass
 from typing import Any
 
-from rockstate.errors import (
+from ..errors import (
     AuthenticationError,
     ClusterTimeoutError,
     FrameTruncatedError,

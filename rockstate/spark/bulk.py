@@ -59,7 +59,7 @@ from ..errors import InvalidInputError, InvalidValueError
 from ..keys import partitions_of
 from ..serde import _pack, encode_keys, encode_values
 from ..states import MapState, ValueState
-from ..cluster.ingest import write_sst
+from ..cluster.client.bulk import write_sst
 from ..store.partition import now_ms
 from .client import StateClientSpec, as_spec, backend_for
 from .partitioning import PARTITION_COLUMN, key_columns, key_names, route_by_owner, with_partition

@@ -20,7 +20,7 @@ import weakref
 from dataclasses import dataclass
 
 from ..api import Rockstate
-from ..cluster.client import ClusterBackend
+from ..cluster.client.backend import ClusterBackend
 from ..errors import UnsupportedClientError
 from ..states import Backend
 from ..store.catalog import StateSpec

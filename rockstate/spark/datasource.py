@@ -2,7 +2,7 @@
 
 ::
 
-    from rockstate.spark import register_data_source
+    from . import register_data_source
 
     register_data_source(spark)
     df = (spark.read.format("rockstate")

@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-from rockstate.testing.recording import CAS, READ, UNKNOWN, WRITE, Event, History, Operation, frozen
+from .recording import CAS, READ, UNKNOWN, WRITE, Event, History, Operation, frozen
 
 __all__ = ["CAS", "READ", "UNKNOWN", "WRITE", "Event", "History", "Operation", "Restore", "Violation",
            "DocumentedLoss", "Report", "check_operations", "check_history"]

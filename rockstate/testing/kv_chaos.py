@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-from ..cluster.local import LocalCluster, wait_until
+from ..local.cluster import LocalCluster, wait_until
 from .history import check_history
 from .recording import History
 from .workload import Workload, keys_for, read_back

@@ -7,7 +7,7 @@ import random
 import threading
 from typing import Callable
 
-from ..cluster.local import wait_until
+from ..local.cluster import wait_until
 from ..errors import RockstateError
 from .recording import CAS, READ, WRITE, History
 

@@ -11,7 +11,7 @@ import pytest
 
 import rockstate
 from rockstate.checkpoint.storage import CheckpointStorage
-from rockstate.cluster.local import wait_until
+from rockstate.local.cluster import wait_until
 from rockstate.testing.moto import ENV, moto_server, new_bucket
 
 

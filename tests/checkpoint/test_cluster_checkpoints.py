@@ -2,7 +2,7 @@
 
 import pytest
 
-from rockstate.cluster.local import LocalCluster, wait_until
+from rockstate.local.cluster import LocalCluster, wait_until
 from rockstate.errors import CheckpointsNotConfiguredError, PartitionUnavailableError, RockstateError
 from rockstate.testing.faults import FaultPlan
 

@@ -9,8 +9,8 @@ import urllib.request
 import pytest
 
 from rockstate.cluster import protocol as p
-from rockstate.cluster.client import ClusterBackend
-from rockstate.cluster.local import LocalCluster, wait_until
+from rockstate.cluster.client.backend import ClusterBackend
+from rockstate.local.cluster import LocalCluster, wait_until
 from rockstate.errors import ClusterTimeoutError, InvalidKeyError, NotOwnerError, ProtocolError, StateKindError, UnknownStateError
 from rockstate.rpc.client import Channel
 
@@ -229,7 +229,7 @@ def test_in_process_cluster_serves_the_same_api(tmp_path):
 def test_node_metrics_are_exposed_for_prometheus(tmp_path):
     import asyncio
 
-    from rockstate.cluster.runners import ThreadRunner
+    from rockstate.local.runners import ThreadRunner
     from rockstate.config import NodeConfig
 
     with LocalCluster(nodes=1, partitions=4, root=str(tmp_path), processes=False) as cluster:

@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from rockstate.cluster import gate as gate_module
-from rockstate.cluster.gate import Gate
+from rockstate.cluster.node import ownership as gate_module
+from rockstate.cluster.node.ownership import Gate
 from rockstate.cluster.table import Table
 from rockstate.errors import NotOwnerError, PartitionUnavailableError
 

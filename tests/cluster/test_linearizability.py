@@ -14,7 +14,7 @@ import pytest
 
 import rockstate
 from rockstate import keys as keyhash
-from rockstate.cluster.local import LocalCluster, wait_until
+from rockstate.local.cluster import LocalCluster, wait_until
 from rockstate.testing.history import CAS, READ, UNKNOWN, WRITE, History, Operation, Restore, check_history
 from rockstate.testing.workload import Workload, keys_for
 

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from rockstate.cluster.local import wait_until
+from rockstate.local.cluster import wait_until
 
 STARTER = """
 import json, os, sys

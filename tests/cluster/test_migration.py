@@ -3,7 +3,7 @@
 import threading
 
 from rockstate.cluster import protocol as p
-from rockstate.cluster.local import LocalCluster, wait_until
+from rockstate.local.cluster import LocalCluster, wait_until
 from rockstate.errors import RockstateError
 from rockstate.rpc.client import Channel
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from rockstate.cluster import protocol as p
-from rockstate.cluster.local import LocalCluster, wait_until
+from rockstate.local.cluster import LocalCluster, wait_until
 from rockstate.errors import PartitionUnavailableError
 from rockstate.rpc.client import Channel
 from rockstate.serde import decode_value, encode_key

@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from rockstate.cluster.ingest import write_sst
-from rockstate.cluster.local import LocalCluster, wait_until
+from rockstate.cluster.client.bulk import write_sst
+from rockstate.local.cluster import LocalCluster, wait_until
 from rockstate.errors import RockstateError
 from rockstate.serde import _pack
 from rockstate.testing.history import History, check_history

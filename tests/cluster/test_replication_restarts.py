@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from rockstate.cluster.local import LocalCluster, wait_until
+from rockstate.local.cluster import LocalCluster, wait_until
 from rockstate.errors import RockstateError
 
 HEARTBEAT_TIMEOUT = 2.0

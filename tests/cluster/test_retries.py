@@ -12,7 +12,7 @@ import pytest
 
 from rockstate.cluster import protocol as p
 from rockstate.rpc.frames import MAGIC
-from rockstate.cluster.local import LocalCluster, wait_until
+from rockstate.local.cluster import LocalCluster, wait_until
 from rockstate.errors import ProtocolError
 from rockstate.rpc.client import Channel
 from rockstate.serde import encode_key, encode_value

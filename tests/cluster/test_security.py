@@ -5,8 +5,8 @@ import subprocess
 
 import pytest
 
-from rockstate.cluster.client import ClusterBackend
-from rockstate.cluster.local import LocalCluster
+from rockstate.cluster.client.backend import ClusterBackend
+from rockstate.local.cluster import LocalCluster
 from rockstate.cluster.security import client_context, load_secret
 from rockstate.errors import AuthenticationError, ConfigError, RockstateError
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rockstate.cluster.leader import LeaderFinder, coordinator_addresses
+from rockstate.cluster.leader_channel import LeaderFinder, coordinator_addresses
 from rockstate.control.leadership import CoordinatorRole, Phase
 from rockstate.errors import ConnectionLostError, NotLeaderError, UnknownNodeError
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from rockstate.cluster.local import LocalCluster, wait_until
+from rockstate.local.cluster import LocalCluster, wait_until
 from rockstate.testing.history import check_history
 from rockstate.testing.recording import READ, History
 from rockstate.testing.workload import Workload, keys_for, read_back

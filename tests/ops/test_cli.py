@@ -13,7 +13,7 @@ import pytest
 import rockstate
 from rockstate import LocalCluster
 from rockstate.cli import human, main, parse_size
-from rockstate.cluster.client import CLIENT_SETTINGS
+from rockstate.cluster.client.backend import CLIENT_SETTINGS
 
 from .test_mistakes import rockstate_cli
 

@@ -16,7 +16,7 @@ import sys
 import uuid
 
 from rockstate import LocalCluster, open as open_store
-from rockstate.cluster.local import wait_until
+from rockstate.local.cluster import wait_until
 from rockstate.rpc.frames import MAGIC, encode, read_frame_sync
 from rockstate.rpc.messages import Hello, request
 

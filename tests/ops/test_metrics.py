@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rockstate import LocalCluster
-from rockstate.cluster.local import wait_until
+from rockstate.local.cluster import wait_until
 
 DASHBOARD = pathlib.Path(__file__).parents[2] / "docs" / "grafana" / "rockstate.json"
 OPERATIONS = pathlib.Path(__file__).parents[2] / "docs" / "operations.md"
@@ -118,7 +118,7 @@ def test_request_figures_export_a_prometheus_histogram_and_counters():
     """The node's hot-path figures (plain numbers, see RequestFigures) read as the histogram and counters they replace."""
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from rockstate.cluster.metrics import RequestFigures
+    from rockstate.cluster.node.metrics import RequestFigures
 
     figures, registry = RequestFigures((0.001, 0.01)), CollectorRegistry()
     registry.register(figures)

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 import rockstate
 from rockstate import LocalCluster
 from rockstate.cli import main
-from rockstate.cluster.local import wait_until
+from rockstate.local.cluster import wait_until
 from rockstate.errors import (
     CheckpointStorageError,
     ConfigError,

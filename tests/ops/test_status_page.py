@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 
 from rockstate import LocalCluster
-from rockstate.cluster.local import wait_until
+from rockstate.local.cluster import wait_until
 
 webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.webdriver.chrome.service import Service  # noqa: E402

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from rockstate.cluster.moves import receive_files
+from rockstate.cluster.transfer import receive_files
 from rockstate.errors import ClusterError, ClusterTimeoutError, ConnectionLostError, NotOwnerError
 from rockstate.rpc import AsyncChannel
 from rockstate.rpc.messages import Message

@@ -9,7 +9,7 @@ from pyspark.errors import PythonException
 from pyspark.sql import functions as F
 
 from rockstate import LocalCluster, partition_of
-from rockstate.cluster.ingest import write_sst
+from rockstate.cluster.client.bulk import write_sst
 from rockstate.errors import InvalidInputError, InvalidKeyError, InvalidValueError, StateKindError, UnknownStateError
 from rockstate.serde import _pack, decode_value
 from rockstate.spark import BulkLoadResult, StateClientSpec, bulk_load

@@ -20,7 +20,7 @@ from rockstate.demo.pipeline import INPUT_SCHEMA, OUTPUT_SCHEMA, LatestBySeq
 from rockstate.demo.run import Demo
 from rockstate.spark import StateClientSpec, close_clients, transform_with_state
 from rockstate.testing.chaos import reference_changes
-from rockstate.testing.spark_cluster import ConnectServer
+from rockstate.local.spark import ConnectServer
 
 pytestmark = [pytest.mark.spark_cluster, pytest.mark.timeout(900)]
 

@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from rockstate.cluster.zkstore import ZooKeeperStore
-from rockstate.testing.zookeeper import ZooKeeperServer
+from rockstate.local.zookeeper import ZooKeeperServer
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,7 @@ import pytest
 from rockstate import LocalCluster, connect
 from rockstate.cli import main
 from rockstate.cluster import protocol as p
-from rockstate.cluster.local import wait_until
+from rockstate.local.cluster import wait_until
 from rockstate.files import read_json
 from rockstate.rpc.client import Channel
 from rockstate.testing.history import History, check_history
@@ -173,7 +173,7 @@ def test_zookeeper_away_for_longer_than_a_session_the_data_path_waits_and_nobody
 
 @pytest.mark.timeout(180)
 def test_a_three_server_ensemble_with_one_server_killed_keeps_the_cluster_serving_and_electing(tmp_path):
-    from rockstate.testing.zookeeper import ZooKeeperEnsemble
+    from rockstate.local.zookeeper import ZooKeeperEnsemble
 
     orders = {("customer", i): {"amount": f"{i}.30", "placed": "2026-11-23T11:00:00Z"} for i in range(300)}
     with ZooKeeperEnsemble(str(tmp_path / "ensemble")) as ensemble, \

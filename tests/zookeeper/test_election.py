@@ -12,7 +12,7 @@ import time
 import pytest
 from kazoo.client import KazooClient
 
-from rockstate.cluster.local import wait_until
+from rockstate.local.cluster import wait_until
 from rockstate.errors import NotLeaderError
 
 

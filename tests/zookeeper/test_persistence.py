@@ -9,8 +9,8 @@ import uuid
 
 import pytest
 
-from rockstate.cluster.local import wait_until
-from rockstate.cluster.persistence import EVENT_WINDOW, DataDirectory, ZooKeeperDocuments
+from rockstate.local.cluster import wait_until
+from rockstate.cluster.coordinator.persistence import EVENT_WINDOW, DataDirectory, ZooKeeperDocuments
 from rockstate.cluster.table import Table
 from rockstate.errors import NotLeaderError, StaleVersionError
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from rockstate.cluster.local import wait_until
+from rockstate.local.cluster import wait_until
 from rockstate.cluster.zkstore import ZooKeeperStore
 from rockstate.errors import ZooKeeperUnavailableError
 from rockstate.retry import Retry
-from rockstate.testing.zookeeper import ZooKeeperServer
+from rockstate.local.zookeeper import ZooKeeperServer
 
 UNTIL_ZOOKEEPER_ANSWERS = Retry(deadline=20.0, initial=0.05, maximum=0.5)
 

@@ -4,7 +4,7 @@ import os
 import uuid
 
 from rockstate import LocalCluster
-from rockstate.cluster.local import wait_until
+from rockstate.local.cluster import wait_until
 from rockstate.files import read_json
 from tests.ops.test_status_page import browser, needs_chromium  # noqa: F401 -- the fixture
 

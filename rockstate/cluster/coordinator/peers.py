@@ -7,10 +7,10 @@ import logging
 from dataclasses import dataclass
 from typing import Iterable
 
-from ..control.membership import Member
-from ..errors import ClusterError
-from ..rpc.async_client import AsyncChannel
-from .security import Security
+from ...control.membership import Member
+from ...errors import ClusterError
+from ...rpc.async_client import AsyncChannel
+from ..security import Security
 
 log = logging.getLogger(__name__)
 

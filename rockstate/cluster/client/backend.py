@@ -18,20 +18,20 @@ from ssl import SSLContext
 import threading
 from typing import Any, Callable
 
-from ..api import Rockstate
-from ..checkpoint.coordinator import CheckpointRecord
-from ..checkpoint.manifest import checksum_file
-from ..checkpoint.restore import RestoreResult
-from ..checkpoint.savepoint import SavepointInfo
-from ..errors import ClusterTimeoutError, ConnectionLostError, PartitionUnavailableError, RockstateError, StoreClosedError
-from ..retry import Retry
-from ..rpc.client import Channel, call_many
-from ..store import StateSpec, requests
-from . import protocol as p
-from .ingest import upload_and_ingest
-from .leader import CoordinatorChannel
-from .security import load_secret
-from .table import Table
+from ...api import Rockstate
+from ...checkpoint.coordinator import CheckpointRecord
+from ...checkpoint.manifest import checksum_file
+from ...checkpoint.restore import RestoreResult
+from ...checkpoint.savepoint import SavepointInfo
+from ...errors import ClusterTimeoutError, ConnectionLostError, PartitionUnavailableError, RockstateError, StoreClosedError
+from ...retry import Retry
+from ...rpc.client import Channel, call_many
+from ...store import StateSpec, requests
+from .. import protocol as p
+from .bulk import upload_and_ingest
+from ..leader_channel import CoordinatorChannel
+from ..security import load_secret
+from ..table import Table
 
 
 class ClusterBackend:

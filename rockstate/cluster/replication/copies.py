@@ -18,15 +18,15 @@ import shutil
 import time
 from typing import TYPE_CHECKING
 
-from ..control.write_acks import BackupApply
-from ..errors import PartitionUnavailableError
-from ..rpc import Stream
-from ..store.store import partition_dir
-from . import protocol as p
-from .moves import MoveSource, receive_files
+from ...control.write_acks import BackupApply
+from ...errors import PartitionUnavailableError
+from ...rpc import Stream
+from ...store.store import partition_dir
+from .. import protocol as p
+from ..transfer import MoveSource, receive_files
 
 if TYPE_CHECKING:
-    from .replication import NodeReplication
+    from .partitions import NodeReplication
 
 log = logging.getLogger(__name__)
 

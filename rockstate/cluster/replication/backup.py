@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from ..errors import ReplicaBehindError, RockstateError, StaleEpochError
-from . import protocol as p
+from ...errors import ReplicaBehindError, RockstateError, StaleEpochError
+from .. import protocol as p
 
 TAIL = 64  # batches every replica keeps past what its backups applied: a promoted one resends its tail from them
 INLINE_ITEMS = 64  # a backup applies up to this many on its loop, more in a thread

@@ -9,12 +9,12 @@ so nothing answered, written or read, is lost with the primary.
 
 from __future__ import annotations
 
-from ..errors import ProtocolError
-from ..ops import DELETE_MANY, PUT_MANY
-from ..store import StateSpec, Store, staging
-from ..store.store import not_bytes
-from . import protocol as p
-from .gate import Gate
+from ...errors import ProtocolError
+from ...ops import DELETE_MANY, PUT_MANY
+from ...store import StateSpec, Store, staging
+from ...store.store import not_bytes
+from .. import protocol as p
+from .ownership import Gate
 from .metrics import NodeMetrics
 
 

@@ -16,16 +16,16 @@ import asyncio
 import logging
 from typing import Any, Awaitable, Callable, Sequence
 
-from ..checkpoint.driver import CheckpointDriver, policy_of
-from ..checkpoint.participants import Holding
-from ..checkpoint.restore import PartitionRestore
-from ..checkpoint.storage import CheckpointStorage
-from ..config import CheckpointConfig
-from ..errors import CheckpointStorageError
-from ..retry import Retry
-from ..rpc.async_client import AsyncChannel
-from ..store import StateSpec
-from . import protocol as p
+from ...checkpoint.driver import CheckpointDriver, policy_of
+from ...checkpoint.participants import Holding
+from ...checkpoint.restore import PartitionRestore
+from ...checkpoint.storage import CheckpointStorage
+from ...config import CheckpointConfig
+from ...errors import CheckpointStorageError
+from ...retry import Retry
+from ...rpc.async_client import AsyncChannel
+from ...store import StateSpec
+from .. import protocol as p
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,8 @@ import signal
 import subprocess
 from typing import Any
 
-from ..cluster.local import wait_until
 from ..errors import ConfigError
-from .moto import free_port
+from .runners import free_port, wait_until
 
 JARS = ("/usr/share/java/zookeeper.jar",)  # libzookeeper-java's manifest names its dependencies
 TICK_MS = 200

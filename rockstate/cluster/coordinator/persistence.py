@@ -30,10 +30,10 @@ import logging
 import os
 from typing import Callable
 
-from ..errors import NotLeaderError, StaleVersionError
-from ..files import read_json, write_json
+from ...errors import NotLeaderError, StaleVersionError
+from ...files import read_json, write_json
 from .events import EventLog
-from .zkstore import Leadership, ZooKeeperStore
+from ..zkstore import Leadership, ZooKeeperStore
 
 log = logging.getLogger(__name__)
 

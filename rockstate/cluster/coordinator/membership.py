@@ -9,10 +9,10 @@ from __future__ import annotations
 import logging
 import time
 
-from ..errors import PartitionUnavailableError, RockstateError
-from ..retry import Retry
-from . import protocol as p
-from .identity import refuse_takeover
+from ...errors import PartitionUnavailableError, RockstateError
+from ...retry import Retry
+from .. import protocol as p
+from ..identity import refuse_takeover
 
 log = logging.getLogger(__name__)
 

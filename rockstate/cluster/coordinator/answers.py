@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from ..store import StateSpec
-from ..store.catalog import unknown_state
-from ..web.status import cluster_status
-from . import protocol as p
+from ...store import StateSpec
+from ...store.catalog import unknown_state
+from .web.status import cluster_status
+from .. import protocol as p
 
 
 class ClusterAnswers:

@@ -22,9 +22,9 @@ from ..api import Rockstate
 from ..config import CoordinatorConfig, NodeConfig, SecurityConfig
 from ..errors import ClusterError, ConfigError, RockstateError
 from ..files import read_json
-from .client import ClusterBackend, connect
+from ..cluster.client.backend import ClusterBackend, connect
 from .runners import START_TIMEOUT, NodeInfo, ProcessRunner, ThreadRunner, wait_until
-from .security import client_context
+from ..cluster.security import client_context
 
 __all__ = ["LocalCluster", "NodeInfo", "wait_until"]
 
@@ -105,7 +105,7 @@ class LocalCluster:
     def start(self) -> "LocalCluster":
         try:
             if self._start_zookeeper:
-                from ..testing.zookeeper import ZooKeeperServer
+                from .zookeeper import ZooKeeperServer
 
                 self.zookeeper_server = ZooKeeperServer(os.path.join(self.root, "zookeeper")).start()
                 self.zookeeper = self.zookeeper_server.hosts

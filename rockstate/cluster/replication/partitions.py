@@ -33,17 +33,17 @@ import time
 from collections import deque
 from typing import Awaitable, Callable
 
-from ..control.write_acks import BackupApply, PrimaryAcks
-from ..errors import PartitionUnavailableError, RockstateError
-from ..rpc.async_client import AsyncChannel
-from ..store import Store
-from ..ops import RAW_PUT
-from ..store.partition import REPLICATION
-from . import protocol as p
-from .replica_apply import BackupSide
-from .replica_send import PrimarySender
-from .replica_copies import ReplicaCopies
-from .table import Table
+from ...control.write_acks import BackupApply, PrimaryAcks
+from ...errors import PartitionUnavailableError, RockstateError
+from ...rpc.async_client import AsyncChannel
+from ...store import Store
+from ...ops import RAW_PUT
+from ...store.partition import REPLICATION
+from .. import protocol as p
+from .backup import BackupSide
+from .sender import PrimarySender
+from .copies import ReplicaCopies
+from ..table import Table
 
 log = logging.getLogger(__name__)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -16,8 +17,8 @@ from typing import Any, Callable
 from ..config import CoordinatorConfig, NodeConfig, flat_values
 from ..errors import ClusterError
 from ..files import read_json
-from .coordinator import Coordinator
-from .node import Node
+from ..cluster.coordinator.server import Coordinator
+from ..cluster.node.server import Node
 
 START_TIMEOUT = 60.0
 
@@ -28,6 +29,13 @@ class NodeInfo:
     address: str
     pid: int
     data_dir: str
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def wait_until(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:

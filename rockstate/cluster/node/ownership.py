@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from ..control.ownership import Ownership, TableChange
-from ..errors import PartitionUnavailableError
-from .table import Table
+from ...control.ownership import Ownership, TableChange
+from ...errors import PartitionUnavailableError
+from ..table import Table
 
 FREEZE_WAIT = 10.0  # longest a write waits for a frozen partition before the client retries
 

@@ -8,9 +8,9 @@ import asyncio
 import logging
 import time
 
-from ..errors import PartitionUnavailableError, RockstateError
-from . import protocol as p
-from .replica_apply import TAIL
+from ...errors import PartitionUnavailableError, RockstateError
+from .. import protocol as p
+from .backup import TAIL
 
 log = logging.getLogger(__name__)
 

@@ -22,30 +22,30 @@ import logging
 import os
 import time
 
-from ..config import CheckpointConfig, CoordinatorConfig
-from ..control import placement
-from ..control.leadership import CoordinatorRole
-from ..control.membership import Membership, MemberStatus
-from ..control.migration import Migration
-from ..errors import CheckpointsNotConfiguredError, RockstateError
-from ..files import write_json
-from ..retry import Retry
-from ..rpc.server import Server
-from ..store import StateSpec
-from ..web import StatusServer
-from . import datadir, protocol as p
+from ...config import CheckpointConfig, CoordinatorConfig
+from ...control import placement
+from ...control.leadership import CoordinatorRole
+from ...control.membership import Membership, MemberStatus
+from ...control.migration import Migration
+from ...errors import CheckpointsNotConfiguredError, RockstateError
+from ...files import write_json
+from ...retry import Retry
+from ...rpc.server import Server
+from ...store import StateSpec
+from .web import StatusServer
+from .. import datadir, protocol as p
 from .answers import ClusterAnswers
-from .checkpointing import ClusterCheckpoints
+from .checkpoints import ClusterCheckpoints
 from .election import Election
 from .leading import Leading
-from .members import MemberHandlers
+from .membership import MemberHandlers
 from .metrics import CoordinatorMetrics
-from .moves import run_move
+from .migration import run_move
 from .peers import Peer, Peers
 from .persistence import DataDirectory, ZooKeeperDocuments
-from .replicas import ReplicaControl
-from .security import Security
-from .table import Table
+from ..replication.in_sync import ReplicaControl
+from ..security import Security
+from ..table import Table
 
 log = logging.getLogger(__name__)
 

@@ -34,17 +34,17 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..control import placement, replica_placement
-from ..control.in_sync import AskPositions, CatchUp, InSyncSets, Promoted, Publish, RestoreFromCheckpoint
-from ..control.membership import MemberStatus
-from ..control.migration import Handover
-from ..errors import RockstateError
-from . import protocol as p
+from ...control import placement, replica_placement
+from ...control.in_sync import AskPositions, CatchUp, InSyncSets, Promoted, Publish, RestoreFromCheckpoint
+from ...control.membership import MemberStatus
+from ...control.migration import Handover
+from ...errors import RockstateError
+from .. import protocol as p
 from .handover import run_handover
-from .table import Table
+from ..table import Table
 
 if TYPE_CHECKING:
-    from .coordinator import Coordinator
+    from ..coordinator.server import Coordinator
 
 log = logging.getLogger(__name__)
 

@@ -30,90 +30,14 @@ import shutil
 import time
 from typing import AsyncGenerator, Awaitable, Callable
 
-from ..control.migration import Migration, Step
-from ..errors import ClusterError, RockstateError
-from ..rpc import AsyncChannel, Stream
-from ..store import Store
-from ..store.store import partition_dir
-from . import protocol as p
-from .gate import Gate
+from ...errors import ClusterError, RockstateError
+from ...store import Store
+from ...store.store import partition_dir
+from .. import protocol as p
+from ..transfer import MoveSource, receive_files
+from .ownership import Gate
 
 log = logging.getLogger(__name__)
-
-CHUNK = 4 << 20
-
-
-class MoveSource:
-    """Hard-link copies of partitions handed to other nodes (a move's target, a new backup), under ``<store>/<folder>/<name>``."""
-
-    def __init__(self, store: Store, folder: str = "outgoing") -> None:
-        self.store = store
-        self.root = os.path.join(store.path, folder)
-
-    def _dir(self, name: str) -> str:
-        return os.path.join(self.root, name)
-
-    def take(self, part, name: str, record: bool = False, then=None) -> None:
-        """A hard-link copy of ``part`` as ``name`` (blocking); ``record``: record writes from now on; ``then``: run
-        under the partition's lock right after the copy."""
-        target = self._dir(name)
-        shutil.rmtree(target, ignore_errors=True)
-        os.makedirs(self.root, exist_ok=True)
-        part.hard_link_copy(target, record=record, then=then)
-
-    def listing(self, name: str) -> list[list]:
-        return [[f, os.path.getsize(os.path.join(self._dir(name), f))] for f in sorted(os.listdir(self._dir(name)))]
-
-    def copy(self, pid: int) -> Stream:
-        """Take the copy and start recording; answers its stream (blocking)."""
-        self.take(self.store.partition(pid), partition_dir(pid), record=True)
-        return self.stream(partition_dir(pid))
-
-    def stream(self, name: str, answer: object = None) -> Stream:
-        """Copy ``name``'s listing (or ``answer``, which carries it as "files"), then its files' bytes in that order."""
-        files = self.listing(name)
-        return Stream(files if answer is None else {**answer, "files": files}, self._chunks(name, files))
-
-    async def _chunks(self, name: str, files: list[list]) -> AsyncGenerator[bytes, None]:
-        for file, size in files:
-            with open(os.path.join(self._dir(name), file), "rb", buffering=0) as f:
-                while size:  # exactly the listed size: the receiver counts on it
-                    data = await asyncio.to_thread(f.read, min(size, CHUNK))
-                    if not data:
-                        raise ClusterError(f"{file} of copy {name} ended {size} bytes short of its listing")
-                    size -= len(data)
-                    yield data
-
-    def delta(self, pid: int, final: bool) -> list:
-        """The writes since the copy or the last delta; ``final``: the partition is frozen, recording ends."""
-        return self.store.partition(pid).take_recorded(stop=final)
-
-    def discard(self, pid: int) -> None:
-        shutil.rmtree(self._dir(partition_dir(pid)), ignore_errors=True)
-        try:
-            self.store.partition(pid).take_recorded()
-        except Exception:  # noqa: BLE001 -- the partition is gone already: nothing is recording
-            pass
-
-
-def receive_files(files: list, target: str, read_into: Callable[[memoryview], int]) -> int:
-    """Write a copy's ``files`` ([[name, size], ...]), whose bytes ``read_into`` gives in that order, into ``target``
-    (blocking: a worker thread's); answers their bytes."""
-    shutil.rmtree(target, ignore_errors=True)
-    os.makedirs(target)
-    buffer = memoryview(bytearray(CHUNK))
-    for name, size in files:
-        if not isinstance(name, str) or os.sep in name or name.startswith(".") or not isinstance(size, int):
-            raise ClusterError(f"bad file {name!r} (size {size!r}) in a copy's listing")
-        with open(os.path.join(target, name), "wb") as f:
-            left = size
-            while left:
-                n = read_into(buffer[:min(left, CHUNK)])
-                if not n:
-                    raise ClusterError(f"the copy's stream ended {size - left} bytes into {name} ({size} bytes)")
-                f.write(buffer[:n])
-                left -= n
-    return sum(size for _, size in files)
 
 
 class MoveTarget:
@@ -238,50 +162,3 @@ class NodeMoves:
         if not self.own.owns(self.own.check_range(msg.partition)):
             self.store.close_partition(msg.partition, drop=True)
         self.target.discard(msg.partition)
-
-
-# -- the coordinator's side -------------------------------------------------------------
-
-
-async def run_move(m: Migration, src: AsyncChannel | None, dst: AsyncChannel, source_address: str | None,
-                   commit: Callable[[], Awaitable[None]], event: Callable[..., None]) -> None:
-    """Carry out the move's steps with requests to its source and target, and ``commit`` (the new table)."""
-    where = {"partition": m.partition, "source": m.source, "target": m.target}
-    pid = m.partition
-
-    def request(step: Step) -> Awaitable:
-        if step is Step.COMMIT:
-            return commit()
-        if step is Step.PULL:
-            return dst.call(p.Pull(partition=pid, source=source_address), timeout=3600.0)
-        if step is Step.FREEZE:
-            return src.call(p.Freeze(partition=pid))
-        if step is Step.DELTA:
-            return dst.call(p.PullDelta(partition=pid, source=source_address), timeout=600.0)
-        if step is Step.RELEASE:  # before the table changes: no two nodes ever serve the partition at once
-            return src.call(p.Release(partition=pid))
-        return asyncio.gather(src.call(p.Freeze(partition=pid, frozen=False)), src.call(p.MoveDiscard(partition=pid)),
-                              dst.call(p.PullDiscard(partition=pid)), return_exceptions=True)
-
-    if m.copies:
-        event("migration_started", **where)
-    step = m.start(time.monotonic())
-    try:
-        while step is not Step.DONE:
-            try:
-                result = await request(step)
-            except RockstateError as e:
-                if step is not Step.RELEASE:
-                    raise
-                # unreachable: it learns of the new table by its next heartbeat, and its lease ends before
-                log.warning("could not make %s let go of partition %d: %s", m.source, pid, e)
-                step = m.failed(time.monotonic())
-                continue
-            step = m.done(time.monotonic(), result)
-    except BaseException:
-        if m.failed(time.monotonic()) is Step.ROLLBACK:
-            await request(Step.ROLLBACK)
-            event("migration_failed", **where)
-        raise
-    if m.copies:
-        event("migration_finished", **where, **m.report())

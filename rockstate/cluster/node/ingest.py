@@ -6,7 +6,7 @@ stored RocksDB keys, strictly ascending; values the stored values, a TTL
 header included) and hands it to ``ClusterBackend.ingest_sst``, which calls
 ``upload_and_ingest`` on the partition's owner:
 
-1. ``IngestChunk`` messages carry the file's bytes, ``CHUNK`` at a time, into
+1. ``IngestChunk`` messages carry the file's bytes, ``client/bulk.py``'s ``CHUNK`` at a time, into
    ``<store>/ingest/<upload>.sst`` on the node (an upload is a fresh random id;
    a chunk is written at its offset, so a resent chunk is harmless);
 2. ``IngestSst(epoch, partition, state, upload, size, checksum)``: the node
@@ -38,70 +38,17 @@ import asyncio
 import os
 import re
 import time
-import uuid
-from typing import TYPE_CHECKING, Iterable
 
-from rocksdict import IngestExternalFileOptions, Options, SstFileWriter
+from rocksdict import IngestExternalFileOptions
 
-from ..checkpoint.manifest import checksum_file
-from ..errors import ClusterError, IngestUploadError, PartitionUnavailableError, RockstateError, UnknownStateError
-from ..store import Store
-from . import protocol as p
-from .gate import Gate
+from ...checkpoint.manifest import checksum_file
+from ...errors import ClusterError, IngestUploadError, PartitionUnavailableError, RockstateError, UnknownStateError
+from ...store import Store
+from .. import protocol as p
+from .ownership import Gate
 
-if TYPE_CHECKING:
-    from ..rpc.client import Channel
-
-CHUNK = 8 << 20
 STALE_UPLOAD = 3600.0
 _UPLOAD = re.compile(r"^[0-9a-f]{32}$")
-
-
-# -- the client's side ---------------------------------------------------------------
-
-
-def write_sst(path: str, keys: Iterable[bytes], values: Iterable[bytes]) -> int:
-    """Write stored ``keys`` (strictly ascending, bytewise) and ``values`` to a new SST file; returns its size.
-
-    An empty file cannot be written: give at least one key.
-    """
-    writer = SstFileWriter(options=Options(raw_mode=True))
-    writer.open(path)
-    put = writer.__setitem__
-    for _ in map(put, keys, values):  # a C-level loop: about 0.2 us a key
-        pass
-    writer.finish()
-    return os.path.getsize(path)
-
-
-def upload_and_ingest(channel: "Channel", epoch: int, pid: int, state: str, path: str, size: int, checksum: str,
-                      timeout: float | None = None) -> int:
-    """Upload the SST file at ``path`` to the node behind ``channel`` and ingest it; returns its size.
-
-    Raises the node's error (NOT_OWNER, a moving partition...) for the caller
-    to refresh and retry; the node drops the upload on any outcome of the
-    ingest, and this drops it when the upload itself fails.
-    """
-    upload = uuid.uuid4().hex
-    try:
-        with open(path, "rb", buffering=0) as f:
-            offset = 0
-            while offset < size:
-                data = f.read(CHUNK)
-                if not data:
-                    raise IngestUploadError(f"{path} ended at {offset} of {size} bytes")
-                channel.call(p.IngestChunk(upload=upload, offset=offset, data=data), timeout)
-                offset += len(data)
-    except BaseException:
-        try:
-            channel.call(p.IngestAbort(upload=upload), timeout)
-        except RockstateError:
-            pass  # the node removes stale uploads itself
-        raise
-    return channel.call(p.IngestSst(epoch=epoch, partition=pid, state=state, upload=upload, size=size, checksum=checksum), timeout)
-
-
-# -- the node's side ---------------------------------------------------------------
 
 
 async def _nothing(pid: int) -> None:

@@ -17,13 +17,13 @@ import logging
 import time
 from typing import TYPE_CHECKING, Awaitable, Callable
 
-from ..control.in_sync import CatchUp
-from ..control.migration import Handover, HandoverStep as Step
-from ..errors import ClusterError, RockstateError
-from . import protocol as p
+from ...control.in_sync import CatchUp
+from ...control.migration import Handover, HandoverStep as Step
+from ...errors import ClusterError, RockstateError
+from .. import protocol as p
 
 if TYPE_CHECKING:
-    from .replicas import ReplicaControl
+    from .in_sync import ReplicaControl
 
 log = logging.getLogger(__name__)
 

@@ -16,10 +16,10 @@ from typing import Protocol
 
 from kazoo.client import KazooState
 
-from ..config import CoordinatorConfig
-from ..errors import NotLeaderError, ZooKeeperError
+from ...config import CoordinatorConfig
+from ...errors import NotLeaderError, ZooKeeperError
 from .persistence import ZooKeeperDocuments
-from .zkstore import Leadership, ZooKeeperStore
+from ..zkstore import Leadership, ZooKeeperStore
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import asyncio
 import time
 from typing import Iterable
 
-from ..cluster import protocol as p
+from ... import protocol as p
 
 FIGURES_TIMEOUT = 1.0
 FIGURES_EVERY = 2.0  # the page refreshes every 2 s

@@ -26,25 +26,25 @@ import os
 import shutil
 import time
 
-from ..checkpoint.participants import LocalPartitions
-from ..config import CheckpointConfig, NodeConfig
-from ..errors import CheckpointsNotConfiguredError, RockstateError, UnknownNodeError
-from ..files import read_json, write_json
-from ..retry import Retry
-from ..rpc.async_client import AsyncChannel
-from ..rpc.server import Server
-from ..store import StateSpec, Store
-from . import datadir, protocol as p
-from .gate import Gate
-from .identity import advertised_address
+from ...checkpoint.participants import LocalPartitions
+from ...config import CheckpointConfig, NodeConfig
+from ...errors import CheckpointsNotConfiguredError, RockstateError, UnknownNodeError
+from ...files import read_json, write_json
+from ...retry import Retry
+from ...rpc.async_client import AsyncChannel
+from ...rpc.server import Server
+from ...store import StateSpec, Store
+from .. import datadir, protocol as p
+from .ownership import Gate
+from ..identity import advertised_address
 from .ingest import SstIngestor
-from .leader import AsyncCoordinatorChannel
+from ..leader_channel import AsyncCoordinatorChannel
 from .metrics import NodeMetrics
-from .moves import NodeMoves
-from .replication import NodeReplication
-from .security import Security
+from .migration import NodeMoves
+from ..replication.partitions import NodeReplication
+from ..security import Security
 from .serving import DataHandlers
-from .table import Table
+from ..table import Table
 
 log = logging.getLogger(__name__)
 

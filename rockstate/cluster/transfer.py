@@ -1,0 +1,92 @@
+"""A partition's files handed to another node: a hard-link copy on the source, streamed, and written on the receiver.
+
+A move's target and a new or returning backup both fetch a copy this way (``node/migration.py``,
+``replication/copies.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from typing import AsyncGenerator, Callable
+
+from ..errors import ClusterError
+from ..rpc import Stream
+from ..store import Store
+from ..store.store import partition_dir
+
+CHUNK = 4 << 20
+
+
+class MoveSource:
+    """Hard-link copies of partitions handed to other nodes (a move's target, a new backup), under ``<store>/<folder>/<name>``."""
+
+    def __init__(self, store: Store, folder: str = "outgoing") -> None:
+        self.store = store
+        self.root = os.path.join(store.path, folder)
+
+    def _dir(self, name: str) -> str:
+        return os.path.join(self.root, name)
+
+    def take(self, part, name: str, record: bool = False, then=None) -> None:
+        """A hard-link copy of ``part`` as ``name`` (blocking); ``record``: record writes from now on; ``then``: run
+        under the partition's lock right after the copy."""
+        target = self._dir(name)
+        shutil.rmtree(target, ignore_errors=True)
+        os.makedirs(self.root, exist_ok=True)
+        part.hard_link_copy(target, record=record, then=then)
+
+    def listing(self, name: str) -> list[list]:
+        return [[f, os.path.getsize(os.path.join(self._dir(name), f))] for f in sorted(os.listdir(self._dir(name)))]
+
+    def copy(self, pid: int) -> Stream:
+        """Take the copy and start recording; answers its stream (blocking)."""
+        self.take(self.store.partition(pid), partition_dir(pid), record=True)
+        return self.stream(partition_dir(pid))
+
+    def stream(self, name: str, answer: object = None) -> Stream:
+        """Copy ``name``'s listing (or ``answer``, which carries it as "files"), then its files' bytes in that order."""
+        files = self.listing(name)
+        return Stream(files if answer is None else {**answer, "files": files}, self._chunks(name, files))
+
+    async def _chunks(self, name: str, files: list[list]) -> AsyncGenerator[bytes, None]:
+        for file, size in files:
+            with open(os.path.join(self._dir(name), file), "rb", buffering=0) as f:
+                while size:  # exactly the listed size: the receiver counts on it
+                    data = await asyncio.to_thread(f.read, min(size, CHUNK))
+                    if not data:
+                        raise ClusterError(f"{file} of copy {name} ended {size} bytes short of its listing")
+                    size -= len(data)
+                    yield data
+
+    def delta(self, pid: int, final: bool) -> list:
+        """The writes since the copy or the last delta; ``final``: the partition is frozen, recording ends."""
+        return self.store.partition(pid).take_recorded(stop=final)
+
+    def discard(self, pid: int) -> None:
+        shutil.rmtree(self._dir(partition_dir(pid)), ignore_errors=True)
+        try:
+            self.store.partition(pid).take_recorded()
+        except Exception:  # noqa: BLE001 -- the partition is gone already: nothing is recording
+            pass
+
+
+def receive_files(files: list, target: str, read_into: Callable[[memoryview], int]) -> int:
+    """Write a copy's ``files`` ([[name, size], ...]), whose bytes ``read_into`` gives in that order, into ``target``
+    (blocking: a worker thread's); answers their bytes."""
+    shutil.rmtree(target, ignore_errors=True)
+    os.makedirs(target)
+    buffer = memoryview(bytearray(CHUNK))
+    for name, size in files:
+        if not isinstance(name, str) or os.sep in name or name.startswith(".") or not isinstance(size, int):
+            raise ClusterError(f"bad file {name!r} (size {size!r}) in a copy's listing")
+        with open(os.path.join(target, name), "wb") as f:
+            left = size
+            while left:
+                n = read_into(buffer[:min(left, CHUNK)])
+                if not n:
+                    raise ClusterError(f"the copy's stream ended {size - left} bytes into {name} ({size} bytes)")
+                f.write(buffer[:n])
+                left -= n
+    return sum(size for _, size in files)
