@@ -169,6 +169,7 @@ class CheckpointConfig(Settings):
     transfer_threads: int | None = Field(None, ge=1, description="files uploaded or downloaded at once (None: 16 for object stores, one per core for file systems)")
     verify_local: bool = Field(True, description="check local snapshot files' checksums before restoring from them")
     sweep: bool = Field(True, description="after each checkpoint, list the storage and delete files no retained checkpoint uses")
+    accept_unsigned: bool = Field(False, description="with a cluster secret, also restore checkpoints whose _metadata has no HMAC (written before rockstate signed them, or without a secret); anyone who can write to the storage can then plant one: turn it off once a signed checkpoint exists")
 
 
 class CoordinatorConfig(Settings):

@@ -68,6 +68,12 @@ class InvalidNameError(InvalidInputError, ValueError):
     code = "INVALID_NAME"
 
 
+class UnsafePathError(InvalidInputError, ValueError):
+    """A file name or path from outside (storage, a copy, a message) is not one safe path component or stays not inside its folder."""
+
+    code = "UNSAFE_PATH"
+
+
 class UnknownStateError(InvalidInputError, KeyError):
     """A request names a state that does not exist."""
 
@@ -167,6 +173,12 @@ class ProtocolError(ClusterError):
     """A malformed frame or message."""
 
     code = "PROTOCOL"
+
+
+class PermissionDeniedError(ClusterError):
+    """The connection's credential (its role: client, node or admin) does not allow this operation; the connection stays open."""
+
+    code = "PERMISSION_DENIED"
 
 
 class ProtocolVersionError(ProtocolError):
@@ -322,6 +334,13 @@ class CorruptCheckpointError(CheckpointError):
     """A checkpoint file is missing or fails its checksum."""
 
     code = "CHECKPOINT_CORRUPT"
+
+
+class CheckpointAuthenticationError(CorruptCheckpointError):
+    """A checkpoint's ``_metadata`` lacks a valid HMAC from the cluster's key (planted or altered in the storage): it is
+    refused, and a restore falls back to the previous checkpoint as for a corrupt one."""
+
+    code = "CHECKPOINT_UNAUTHENTICATED"
 
 
 class CheckpointInProgressError(CheckpointError):

@@ -49,8 +49,10 @@ Holding = tuple[Participant, list[int]]  # a participant and the partitions it h
 class LocalPartitions:
     """The partitions of ``store`` as a participant."""
 
-    def __init__(self, store: Store, config: CheckpointConfig, storage: CheckpointStorage | None = None) -> None:
-        self.store, self.storage = store, storage or CheckpointStorage.of(config)
+    def __init__(self, store: Store, config: CheckpointConfig, storage: CheckpointStorage | None = None,
+                 keys: tuple[bytes, ...] = ()) -> None:
+        """``keys``: the checkpoint keys (``Security.checkpoint_keys``): restores refuse a ``_metadata`` without their HMAC."""
+        self.store, self.storage = store, storage or CheckpointStorage.of(config, keys)
         self.snapshotter = Snapshotter(self.storage, os.path.join(store.path, "checkpoints"), config.local_snapshots)
         self.verify_local = config.verify_local
         self._cancel: dict[int, threading.Event] = {}  # set when the checkpoint is aborted: uploads stop

@@ -23,9 +23,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Iterable, Sequence, TypeVar
 
-from ..errors import CheckpointNotFoundError, CorruptCheckpointError
-from .manifest import CheckpointMetadata, FileEntry, PartitionManifest, checksum_bytes, checksum_file
-from .storage import CheckpointStorage, join, metadata_path
+from ..errors import CheckpointNotFoundError, CorruptCheckpointError, UnsafePathError
+from ..names import create_new, inside
+from .manifest import CHUNK, CheckpointMetadata, FileEntry, PartitionManifest, checksum_bytes, checksum_file, digest_bytes
+from .storage import CheckpointStorage, check_base, join, metadata_path
 
 log = logging.getLogger(__name__)
 
@@ -91,12 +92,13 @@ class RestoreResult:
 
 
 def load_metadata(storage: CheckpointStorage, checkpoint_id: int, base: str = "") -> CheckpointMetadata:
-    rel = join(base, metadata_path(checkpoint_id))
+    """Checkpoint ``checkpoint_id``'s ``_metadata``, its HMAC checked when the storage has keys (see ``manifest``)."""
+    rel = join(check_base(base), metadata_path(checkpoint_id))
     try:
         data = storage.read_bytes(rel)
     except CorruptCheckpointError:
         raise CheckpointNotFoundError(f"checkpoint {checkpoint_id} is not completed in {storage.url} (no {rel})", checkpoint_id=checkpoint_id) from None
-    meta = CheckpointMetadata.from_json(data, rel)
+    meta = CheckpointMetadata.from_json(data, rel, storage.keys, storage.accept_unsigned)
     if meta.checkpoint_id != checkpoint_id:
         raise CorruptCheckpointError(f"{rel} describes checkpoint {meta.checkpoint_id}", path=rel)
     return meta
@@ -109,6 +111,8 @@ def load_manifest(storage: CheckpointStorage, meta: CheckpointMetadata, pid: int
     data = storage.read_bytes(rel)
     if len(data) != ref.size or checksum_bytes(data) != ref.checksum:
         raise CorruptCheckpointError(f"{rel} does not match its size and checksum in _metadata", path=rel)
+    if ref.digest and digest_bytes(data) != ref.digest:  # _metadata is signed and names the manifest's SHA-256
+        raise CorruptCheckpointError(f"{rel} does not match its SHA-256 in _metadata", path=rel)
     manifest = PartitionManifest.from_json(data, rel)
     if (manifest.partition, manifest.checkpoint_id) != (pid, meta.checkpoint_id):
         raise CorruptCheckpointError(f"{rel} is the manifest of p{manifest.partition} in checkpoint {manifest.checkpoint_id}", path=rel)
@@ -157,6 +161,15 @@ def restore_partitions(
     On failure every target is removed. May be retried.
     """
     start = time.perf_counter()
+    check_base(base)
+    for part in parts:  # every destination is one path component inside its target (from_dict checked; a manifest built otherwise too)
+        try:
+            names = [inside(part.target, e.name, "file name in a manifest") for e in part.manifest.files]
+        except UnsafePathError as exc:
+            raise CorruptCheckpointError(exc.message, checkpoint_id=part.manifest.checkpoint_id, partition=part.manifest.partition) from None
+        if len(set(names)) != len(names):
+            raise CorruptCheckpointError(f"the manifest of p{part.manifest.partition} names a file twice",
+                                         checkpoint_id=part.manifest.checkpoint_id, partition=part.manifest.partition)
     jobs: list[tuple[int, FileEntry, list[str]]] = []
     for i, part in enumerate(parts):
         index: dict[str, list[str]] = {}
@@ -173,13 +186,13 @@ def restore_partitions(
 
     def fetch(job: tuple[int, FileEntry, list[str]]) -> tuple[int, bool, int]:
         i, entry, candidates = job
-        manifest, dest = parts[i].manifest, os.path.join(parts[i].target, entry.name)
+        manifest, dest = parts[i].manifest, inside(parts[i].target, entry.name)
         source = _local_copy(entry, candidates, verify_local)
         if source is not None:
-            os.link(source, dest) if entry.shared else shutil.copyfile(source, dest)  # RocksDB may rewrite private files
+            os.link(source, dest) if entry.shared else _copy_new(source, dest)  # RocksDB may rewrite private files
             return i, True, entry.size
         try:
-            return i, False, storage.download(join(base, entry.path), dest, entry.size, entry.checksum)
+            return i, False, storage.download(join(base, entry.path), dest, entry.size, entry.checksum, exclusive=True)
         except CorruptCheckpointError as exc:
             exc.data.update(checkpoint_id=manifest.checkpoint_id, partition=manifest.partition)
             raise
@@ -200,6 +213,13 @@ def restore_partitions(
     for st in stats:
         st.seconds = time.perf_counter() - start
     return stats
+
+
+def _copy_new(source: str, dest: str) -> None:
+    """Copy ``source`` to the new file ``dest`` (never through a symlink, never over a file)."""
+    with open(source, "rb", buffering=0) as src, create_new(dest) as dst:
+        while chunk := src.read(CHUNK):
+            dst.write(chunk)
 
 
 def _local_copy(entry: FileEntry, candidates: Iterable[str], verify: bool) -> str | None:

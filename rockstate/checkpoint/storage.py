@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence, TypeVa
 
 import fsspec.core
 
-from ..errors import CheckpointPathError, CheckpointStorageError, CorruptCheckpointError
+from ..errors import CheckpointPathError, CheckpointStorageError, CorruptCheckpointError, InvalidNameError
+from ..names import check_name, create_new
 from .manifest import CHUNK, format_checksum
 
 if TYPE_CHECKING:
@@ -75,7 +76,20 @@ def shared_path(pid: int, name: str) -> str:
 
 
 def savepoint_dir(name: str) -> str:
-    return f"savepoints/{name}"
+    return f"savepoints/{check_name(name, 'savepoint name')}"
+
+
+def check_base(base: object) -> str:
+    """A folder a checkpoint's paths may be relative to: the cluster's own (``""``) or a savepoint's; nothing else."""
+    if base == "":
+        return base
+    if isinstance(base, str) and base.startswith("savepoints/"):
+        try:
+            check_name(base[len("savepoints/"):], "savepoint name")
+            return base
+        except InvalidNameError:
+            pass
+    raise CheckpointPathError(f"checkpoint base {base!r} is not the cluster's folder nor savepoints/<name>", path=str(base)[:200])
 
 
 def checkpoint_id_of(path: str) -> int | None:
@@ -94,7 +108,12 @@ def join(*parts: str) -> str:
 class CheckpointStorage:
     """One cluster's checkpoints at ``url``: ``<url>/<cluster>/...``."""
 
-    def __init__(self, url: str, storage_options: dict | None = None, cluster: str = "default", workers: int | None = None) -> None:
+    def __init__(self, url: str, storage_options: dict | None = None, cluster: str = "default", workers: int | None = None,
+                 keys: tuple[bytes, ...] = (), accept_unsigned: bool = False) -> None:
+        """``keys``: the checkpoint keys (``manifest.checkpoint_key`` of each accepted node secret; the first signs);
+        none: checkpoints are neither signed nor checked. ``accept_unsigned``: read checkpoints without an HMAC too."""
+        check_name(cluster, "cluster name")
+        self.keys, self.accept_unsigned = tuple(keys), accept_unsigned
         options = dict(storage_options or {})
         inner = url.rsplit("::", 1)[-1]  # a chained URL (simplecache::s3://...) stores at its innermost protocol
         protocol = inner.split("://", 1)[0] if "://" in inner else "file"
@@ -121,14 +140,17 @@ class CheckpointStorage:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rockstate-storage")
 
     @classmethod
-    def of(cls, config: "CheckpointConfig") -> "CheckpointStorage":
-        return cls(config.url, config.storage_options, config.cluster, config.transfer_threads)
+    def of(cls, config: "CheckpointConfig", keys: tuple[bytes, ...] = ()) -> "CheckpointStorage":
+        return cls(config.url, config.storage_options, config.cluster, config.transfer_threads, keys,
+                   getattr(config, "accept_unsigned", False))
 
     def __repr__(self) -> str:
         return f"CheckpointStorage({self.url!r}, cluster={self.cluster!r})"
 
     def full(self, rel: str) -> str:
         rel = rel.strip("/")
+        if any(p in (".", "..") for p in rel.split("/")):
+            raise CheckpointPathError(f"refusing {rel!r}: not a path inside the checkpoint storage", path=rel[:200])
         return f"{self.base}/{rel}" if rel else self.base
 
     def rel(self, full: str) -> str:
@@ -169,11 +191,13 @@ class CheckpointStorage:
                 dst.write(chunk)
         return n, format_checksum(crc)
 
-    def download(self, rel: str, local: str, size: int | None = None, checksum: str | None = None) -> int:
-        """Copy ``rel`` to a local file, checking its size and checksum; a bad copy is removed."""
+    def download(self, rel: str, local: str, size: int | None = None, checksum: str | None = None, exclusive: bool = False) -> int:
+        """Copy ``rel`` to a local file (never through a symlink; ``exclusive``: a new file, never over one), checking
+        its size and checksum; a bad copy is removed."""
         crc = n = 0
+        dst = create_new(local, exclusive=exclusive)  # before the try: a file that was there already is not ours to remove
         try:
-            with self._errors(rel), self.fs.open(self.full(rel), "rb", block_size=CHUNK) as src, open(local, "wb") as dst:
+            with dst, self._errors(rel), self.fs.open(self.full(rel), "rb", block_size=CHUNK) as src:
                 while chunk := src.read(CHUNK):
                     crc = zlib.crc32(chunk, crc)
                     n += len(chunk)

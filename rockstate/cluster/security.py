@@ -42,6 +42,13 @@ class Security:
     server_ssl: ssl.SSLContext | None = None
     client_ssl: ssl.SSLContext | None = None
 
+    @property
+    def checkpoint_keys(self) -> tuple[bytes, ...]:
+        """Keys of the checkpoints' HMAC (derived from the node secret, never stored in the bucket); none without a secret."""
+        from ..checkpoint.manifest import checkpoint_key
+
+        return (checkpoint_key(self.secret),) if self.secret else ()
+
     def __repr__(self) -> str:  # never show the secret
         return f"Security(secret={'set' if self.secret else 'none'}, tls={self.server_ssl is not None or self.client_ssl is not None})"
 

@@ -58,11 +58,11 @@ class ClusterCheckpoints:
     def __init__(self, config: CheckpointConfig, partitions: int, *, lock: asyncio.Lock,
                  owners: Callable[[], list[tuple[Any, list[int]]]], channel: Callable[[Any], AsyncChannel],
                  specs: Callable[[], dict[str, StateSpec]], define: Callable[[StateSpec], Awaitable[Any]],
-                 event: Callable[..., None]) -> None:
+                 event: Callable[..., None], keys: tuple[bytes, ...] = ()) -> None:
         """``owners()``: each live member with the partitions it owns; ``channel(member)``: a connection to it;
         ``specs()``: the catalog; ``define(spec)``: a state joins it; ``event(name, **data)``: record what happened."""
         self.config = config
-        self.storage = CheckpointStorage.of(config)
+        self.storage = CheckpointStorage.of(config, keys)  # keys: _metadata is signed and checked (docs/security.md)
         self._channel, self._define = channel, define
         self.driver = CheckpointDriver(self.storage, partitions, policy_of(config), lambda: self.holders(owners()),
                                        lock=lock, sweep=config.sweep, specs=specs, adopt_states=self._adopt_states, event=event)

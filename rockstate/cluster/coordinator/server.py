@@ -112,7 +112,7 @@ class Coordinator(ClusterAnswers, MemberHandlers, Leading):
         self.checkpoints = ClusterCheckpoints(
             self.checkpoint_config, self.table.partitions, lock=self.table_lock, owners=self.partitions_by_node,
             channel=lambda peer: peer.rpc(self.security), specs=lambda: self.specs,
-            define=self.define, event=self.event) if self.checkpoint_config else None
+            define=self.define, event=self.event, keys=self.security.checkpoint_keys) if self.checkpoint_config else None
         # a new cluster on a storage that holds checkpoints starts from the latest one
         self._restore_on_start = not saved and self.checkpoints is not None  # and it holds one: see _prepare()
         self._resumed = asyncio.Event()  # moves wait until the nodes' leases under an earlier table could have run out

@@ -140,7 +140,7 @@ class Node:
         for spec in reply["states"]:
             self.store.define_state(StateSpec.from_dict(spec))
         if reply.get("checkpoints"):
-            self.checkpoints = LocalPartitions(self.store, CheckpointConfig(**reply["checkpoints"]))
+            self.checkpoints = LocalPartitions(self.store, CheckpointConfig(**reply["checkpoints"]), keys=self.security.checkpoint_keys)
         await self._apply(Table.from_wire(reply["table"]))
         self._drop_stale_partitions()
         if self.config.metrics_port is not None:
