@@ -62,6 +62,15 @@ def inside(directory: str, name: object, what: str = "file name") -> str:
     return path
 
 
+def check_base(base: object) -> str:
+    """A folder checkpoint paths may be relative to: the cluster's own (``""``) or ``savepoints/<name>``; nothing else."""
+    if base == "" or (isinstance(base, str) and base.startswith("savepoints/") and is_name(base[len("savepoints/"):])):
+        return base  # type: ignore[return-value]
+    from .errors import CheckpointPathError
+
+    raise CheckpointPathError(f"checkpoint base {_show(base)} is not the cluster's folder nor savepoints/<name>", path=str(base)[:200])
+
+
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 

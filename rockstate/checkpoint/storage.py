@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence, TypeVa
 
 import fsspec.core
 
-from ..errors import CheckpointPathError, CheckpointStorageError, CorruptCheckpointError, InvalidNameError
-from ..names import check_name, create_new
+from ..errors import CheckpointPathError, CheckpointStorageError, CorruptCheckpointError
+from ..names import check_base, check_name, create_new  # noqa: F401 -- check_base: restore.py imports it from here
 from .manifest import CHUNK, format_checksum
 
 if TYPE_CHECKING:
@@ -77,19 +77,6 @@ def shared_path(pid: int, name: str) -> str:
 
 def savepoint_dir(name: str) -> str:
     return f"savepoints/{check_name(name, 'savepoint name')}"
-
-
-def check_base(base: object) -> str:
-    """A folder a checkpoint's paths may be relative to: the cluster's own (``""``) or a savepoint's; nothing else."""
-    if base == "":
-        return base
-    if isinstance(base, str) and base.startswith("savepoints/"):
-        try:
-            check_name(base[len("savepoints/"):], "savepoint name")
-            return base
-        except InvalidNameError:
-            pass
-    raise CheckpointPathError(f"checkpoint base {base!r} is not the cluster's folder nor savepoints/<name>", path=str(base)[:200])
 
 
 def checkpoint_id_of(path: str) -> int | None:

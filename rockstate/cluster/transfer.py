@@ -9,12 +9,16 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-from typing import AsyncGenerator, Callable
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Callable
 
-from ..errors import ClusterError
+from ..errors import ClusterError, UnsafePathError
+from ..names import create_new, inside
 from ..rpc import Stream
 from ..store import Store
 from ..store.store import partition_dir
+
+if TYPE_CHECKING:
+    from ..store.partition import Partition
 
 CHUNK = 4 << 20
 
@@ -29,7 +33,7 @@ class MoveSource:
     def _dir(self, name: str) -> str:
         return os.path.join(self.root, name)
 
-    def take(self, part, name: str, record: bool = False, then=None) -> None:
+    def take(self, part: Partition, name: str, record: bool = False, then: Callable[[], None] | None = None) -> None:
         """A hard-link copy of ``part`` as ``name`` (blocking); ``record``: record writes from now on; ``then``: run
         under the partition's lock right after the copy."""
         target = self._dir(name)
@@ -45,7 +49,7 @@ class MoveSource:
         self.take(self.store.partition(pid), partition_dir(pid), record=True)
         return self.stream(partition_dir(pid))
 
-    def stream(self, name: str, answer: object = None) -> Stream:
+    def stream(self, name: str, answer: Any = None) -> Stream:
         """Copy ``name``'s listing (or ``answer``, which carries it as "files"), then its files' bytes in that order."""
         files = self.listing(name)
         return Stream(files if answer is None else {**answer, "files": files}, self._chunks(name, files))
@@ -78,10 +82,14 @@ def receive_files(files: list, target: str, read_into: Callable[[memoryview], in
     shutil.rmtree(target, ignore_errors=True)
     os.makedirs(target)
     buffer = memoryview(bytearray(CHUNK))
-    for name, size in files:
-        if not isinstance(name, str) or os.sep in name or name.startswith(".") or not isinstance(size, int):
-            raise ClusterError(f"bad file {name!r} (size {size!r}) in a copy's listing")
-        with open(os.path.join(target, name), "wb") as f:
+    for name, size in files:  # one path component each, a new file inside target, never through a symlink
+        if type(size) is not int or size < 0:
+            raise ClusterError(f"bad file {str(name)[:80]!r} (size {size!r}) in a copy's listing")
+        try:
+            dest = inside(target, name, "file name in a copy's listing")
+        except UnsafePathError as exc:
+            raise ClusterError(exc.message) from None
+        with create_new(dest) as f:
             left = size
             while left:
                 n = read_into(buffer[:min(left, CHUNK)])

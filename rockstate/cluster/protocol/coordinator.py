@@ -7,35 +7,39 @@ from .base import I64, Message, Ranged
 # -- served by the coordinator ---------------------------------------------------
 
 
-class Register(Message):
+class Register(Ranged, Message):
     """A node joins (or rejoins with its id); answers node_id, table, states."""
 
     op = "register"
+    names = {"node_id": "node id", "zone": "zone"}
     address: str
     node_id: str | None = None
     zone: str | None = None
 
 
-class ReplicaReport(Message):
+class ReplicaReport(Ranged, Message):
     """From a partition's primary: ``reports`` is [[pid, backup, replica epoch, "caught_up" | "unreachable"], ...]."""
 
     op = "replica_report"
+    names = {"node_id": "node id"}
     node_id: str
     reports: list
 
 
-class Heartbeat(Message):
+class Heartbeat(Ranged, Message):
     """A node is alive; answers the current table epoch, so the node knows when to fetch it."""
 
     op = "heartbeat"
+    names = {"node_id": "node id"}
     node_id: str
     epoch: int
 
 
-class Leave(Message):
+class Leave(Ranged, Message):
     """A node leaves gracefully: its partitions move away first; answers when they have."""
 
     op = "leave"
+    names = {"node_id": "node id"}
     node_id: str
 
 
@@ -52,8 +56,9 @@ class ClusterStats(Message):
     op = "cluster_stats"
 
 
-class Count(Message):
+class Count(Ranged, Message):
     op = "count"
+    names = {"state": "state name"}
     state: str
 
 
@@ -72,6 +77,7 @@ class RestoreCluster(Ranged, Message):
 
     op = "restore_cluster"
     ranges = {"checkpoint": (0, I64)}
+    names = {"savepoint": "savepoint name"}
     checkpoint: int | None = None
     savepoint: str | None = None
 
@@ -79,6 +85,7 @@ class RestoreCluster(Ranged, Message):
 class CreateSavepoint(Ranged, Message):
     op = "create_savepoint"
     ranges = {"checkpoint": (0, I64)}
+    names = {"name": "savepoint name"}
     name: str
     checkpoint: int | None = None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ...names import check_base
 from .base import I64, Message, Ranged
 
 # -- served by a node: asked by the coordinator -----------------------------------
@@ -25,10 +26,11 @@ class NodeIdentity(Message):
     op = "node_identity"
 
 
-class NodeCount(Message):
+class NodeCount(Ranged, Message):
     """Live entries of a state across the node's partitions."""
 
     op = "node_count"
+    names = {"state": "state name"}
     state: str
 
 
@@ -72,6 +74,10 @@ class RestorePartitions(Ranged, Message):
     checkpoint: int
     partitions: list
     base: str = ""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_base(self.base)  # the cluster's folder or a savepoint's: never elsewhere in (or outside) the storage
 
 
 class Freeze(Message):
@@ -160,11 +166,12 @@ class ReplicaApply(Message):
     items: list
 
 
-class ReplicaCopy(Message):
+class ReplicaCopy(Ranged, Message):
     """On a primary: take a hard-link copy of the partition for backup ``node`` and ship it the batches after it;
     answers {"files": [[name, size], ...], "seq": the copy's last batch}, then streams the files' bytes."""
 
     op = "replica_copy"
+    names = {"node": "node id"}
     partition: int
     node: str
 
@@ -195,6 +202,7 @@ class IngestChunk(Ranged, Message):
 
     op = "ingest_chunk"
     ranges = {"offset": (0, I64)}
+    names = {"upload": "upload id"}
     upload: str
     offset: int
     data: bytes
@@ -208,6 +216,7 @@ class IngestSst(Ranged, Message):
 
     op = "ingest_sst"
     ranges = {"size": (0, I64)}
+    names = {"upload": "upload id", "state": "state name"}
     epoch: int
     partition: int
     state: str
@@ -216,8 +225,9 @@ class IngestSst(Ranged, Message):
     checksum: str
 
 
-class IngestAbort(Message):
+class IngestAbort(Ranged, Message):
     """Drop an upload that will not be ingested."""
 
     op = "ingest_abort"
+    names = {"upload": "upload id"}
     upload: str
