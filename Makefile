@@ -4,7 +4,7 @@ STAMP := $(VENV)/.installed
 export PYSPARK_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: setup test demo bench soak chaos spark-cluster clean
+.PHONY: setup lint test demo bench soak chaos spark-cluster clean
 
 $(STAMP): pyproject.toml scripts/setup.sh
 	VENV=$(VENV) scripts/setup.sh
@@ -12,8 +12,14 @@ $(STAMP): pyproject.toml scripts/setup.sh
 
 setup: $(STAMP)
 
+# a few seconds: no import circle, the layer contracts ([tool.importlinter]), the type check ([tool.mypy])
+lint: setup
+	@rc=0; $(PY) scripts/import_circles.py rockstate || rc=1; \
+	$(VENV)/bin/lint-imports --no-cache || rc=1; \
+	$(PY) -m mypy rockstate || rc=1; exit $$rc
+
 # two workers, a module per worker (tests/conftest.py queues the long modules first)
-test: setup
+test: setup lint
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 demo: setup

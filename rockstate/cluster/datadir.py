@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import os
-from typing import IO
+from typing import IO, Any
 
 from ..errors import DataDirInUseError
 from ..store.store import read_json
@@ -28,7 +28,8 @@ def lock(data_dir: str, role: str) -> IO[str]:
         f.seek(0)
         holder = f.read().strip() or "another process"
         f.close()
-        address = (read_json(os.path.join(data_dir, "address.json")) or {}).get("address")
+        saved: Any = read_json(os.path.join(data_dir, "address.json")) or {}
+        address = saved.get("address")
         raise DataDirInUseError(
             f"data directory {data_dir} is in use by {holder}" + (f", serving on {address}" if address else "")
             + f": a second {role} on it would corrupt it. Stop that process first, or give this {role} its own --data-dir",

@@ -14,10 +14,15 @@ taken to have restarted at the new address.
 from __future__ import annotations
 
 import socket
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, NodeIdInUseError, RockstateError
 from ..rpc.async_client import AsyncChannel
 from . import protocol as p
+
+if TYPE_CHECKING:
+    from ..control.membership import Member
+    from .security import Security
 
 WILDCARDS = frozenset({"", "0.0.0.0", "::", "[::]"})
 HOLDER_TIMEOUT = 1.0  # seconds the holder of an id gets to answer
@@ -30,7 +35,7 @@ def advertised_address(host: str, advertise_host: str | None, port: int) -> str:
     return f"[{name}]:{port}" if ":" in name else f"{name}:{port}"
 
 
-async def refuse_takeover(member, address: str, security) -> None:
+async def refuse_takeover(member: Member, address: str, security: Security) -> None:
     """Raise ``NodeIdInUseError`` if ``member`` (alive, at another address) still answers as itself."""
     if member.status != "alive" or member.address == address:
         return

@@ -18,6 +18,7 @@ from typing import Any, Callable, Generic, TypeVar
 from ..errors import ConfigError, ConnectionLostError, NotLeaderError, RockstateError
 from ..rpc.async_client import AsyncChannel
 from ..rpc.client import Channel
+from ..rpc.messages import Message
 
 ZK = "zk://"
 
@@ -77,7 +78,8 @@ C = TypeVar("C", Channel, AsyncChannel)
 class _Coordinators(Generic[C]):
     def __init__(self, addresses: str, channel: Callable[[str], C]) -> None:
         self.finder = LeaderFinder(coordinator_addresses(addresses))
-        self._new, self._channels = channel, {}
+        self._new: Callable[[str], C] = channel
+        self._channels: dict[str, C] = {}
 
     @property
     def address(self) -> str:
@@ -92,7 +94,7 @@ class _Coordinators(Generic[C]):
 class CoordinatorChannel(_Coordinators[Channel]):
     """Blocking, for clients."""
 
-    def call(self, msg, timeout: float | None = None) -> Any:
+    def call(self, msg: Message, timeout: float | None = None) -> Any:
         for _ in self.finder.turns():
             try:
                 return self._channel().call(msg, timeout)
@@ -109,7 +111,7 @@ class CoordinatorChannel(_Coordinators[Channel]):
 class AsyncCoordinatorChannel(_Coordinators[AsyncChannel]):
     """asyncio, for nodes."""
 
-    async def call(self, msg, timeout: float | None = None) -> Any:
+    async def call(self, msg: Message, timeout: float | None = None) -> Any:
         for _ in self.finder.turns():
             try:
                 return await self._channel().call(msg, timeout)

@@ -26,7 +26,7 @@ import re
 import threading
 import zlib
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (BadVersionError, CancelledError, ConnectionClosedError, ConnectionLoss, KazooException,
@@ -208,7 +208,7 @@ class Leadership:
         self.path = f"{store.root}/leader"
         self.on_elected, self.on_deposed = on_elected, on_deposed
         self.node: str | None = None  # our election znode while we lead
-        self._lock = None  # kazoo's lock recipe, a new one per turn in the election
+        self._lock: Any = None  # kazoo's lock recipe, a new one per turn in the election
         self._guard = threading.Lock()  # stop() and a new turn do not interleave
         self._deposed = threading.Event()
         self._stopped = threading.Event()

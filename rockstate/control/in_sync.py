@@ -99,7 +99,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence, cast
 
 
 @dataclass
@@ -292,7 +292,7 @@ class InSyncSets:
         without_copy = sorted(b for b in s.backups if b in answers and answers[b] is None)
         for b in without_copy:
             self._remove(pid, b)  # it answered but holds no copy (it is copying anew, or restarted): no candidate
-        applied = {b: answers[b] for b in s.backups if answers.get(b) is not None}
+        applied = cast(dict[str, int], {b: answers[b] for b in s.backups if answers.get(b) is not None})
         if applied:
             primaries = Counter(other.primary for other in self.sets)
             new = min(applied, key=lambda n: (-applied[n], primaries[n], n))

@@ -191,7 +191,7 @@ class Ownership:
         self.frozen.add(self.check_range(pid))
 
     def unfreeze(self, pid: object) -> None:
-        self.frozen.discard(pid)  # type: ignore[arg-type]
+        self.frozen.discard(pid)
 
     def thaw(self) -> list[int]:
         """A restarted coordinator: no move is in flight. Answers the owned partitions (their move copies go)."""

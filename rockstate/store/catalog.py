@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass
+from typing import cast
 
 from ..errors import InvalidInputError, InvalidNameError, StateKindError, UnknownStateError
 
@@ -20,7 +21,7 @@ def check_name(name: object, what: str = "state", internal: bool = False) -> str
             f"invalid {what} name {name!r}: use 1-128 letters, digits, '_', '-' or '.', "
             "starting with a letter or digit, with no '..' and no path separators"
         )
-    return name
+    return cast(str, name)  # a str: its body is
 
 
 def unknown_state(name: object) -> UnknownStateError:

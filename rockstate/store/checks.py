@@ -47,21 +47,21 @@ def check_ops(ops: object, specs: dict[str, StateSpec], where: str,
                     raise ProtocolError(f"op {i} of {where} (PUT_MANY) has {len(key)} keys and {got}; it needs a list of values as long")
                 if sized and spec is not None and key:
                     try:  # the hot path: two C loops, no Python per item
-                        over = len(max(key, key=len)) > max_key or len(max(value, key=len)) > max_value
+                        over = len(max(key, key=len)) > max_key or len(max(value, key=len)) > max_value  # type: ignore[operator]  # sized: the caller gives both limits
                     except TypeError:  # an item without a length
                         bad = next(x for x in (*key, *value) if not hasattr(x, "__len__"))
                         raise ProtocolError(f"op {i} of {where} (PUT_MANY) holds a {type(bad).__name__}; keys and values are bytes") from None
                     if over:  # find and name the first too long (a map's keys and a list's values may be longer)
                         for k, v in zip(key, value):
-                            if type(k) is bytes and type(v) is bytes and (len(k) > max_key or len(v) > max_value):  # others fail as applied
-                                check_size(spec, PUT, k, v, f"op {i} of {where}", max_key, max_value)
+                            if type(k) is bytes and type(v) is bytes and (len(k) > max_key or len(v) > max_value):  # type: ignore[operator]  # others fail as applied; sized: both limits given
+                                check_size(spec, PUT, k, v, f"op {i} of {where}", max_key, max_value)  # type: ignore[arg-type]  # sized: the caller gives both limits
         elif type(code) is int and code in _ONE_KEY:
             if type(key) is not bytes:
                 raise ProtocolError(f"key of op {i} of {where} must be bytes, not {type(key).__name__}")
             if _ONE_KEY[code] and type(value) is not bytes:
                 raise ProtocolError(f"value of op {i} of {where} must be bytes, not {type(value).__name__}")
-            if sized and spec is not None and code in _STORES and (len(key) > max_key or len(value) > max_value):
-                check_size(spec, code, key, value, f"op {i} of {where}", max_key, max_value)  # over, unless allowed more
+            if sized and spec is not None and code in _STORES and (len(key) > max_key or len(value) > max_value):  # type: ignore[operator]  # sized: the caller gives both limits
+                check_size(spec, code, key, value, f"op {i} of {where}", max_key, max_value)  # type: ignore[arg-type]  # sized: both limits given; over, unless allowed more
         else:
             raise ProtocolError(f"unknown op code {code!r} in op {i} of {where}; codes are {_CODES}")
 

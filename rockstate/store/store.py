@@ -14,7 +14,7 @@ import fcntl
 import os
 import shutil
 import threading
-from typing import Callable, Iterable
+from typing import IO, Any, Callable, Iterable, cast
 
 from ..config import StoreConfig
 from ..errors import (
@@ -46,11 +46,11 @@ class Store:
         self.path = os.path.abspath(path)
         self.partitions = self.config.partitions
         os.makedirs(self.path, exist_ok=True)
-        self._lock_file = _lock(self.path)
+        self._lock_file: IO[str] | None = _lock(self.path)
         try:
             self._check_partition_count()
             self.specs: dict[str, StateSpec] = {
-                name: StateSpec.from_dict(d) for name, d in (read_json(self._catalog_path, {}) or {}).items()
+                name: StateSpec.from_dict(d) for name, d in cast(dict[str, Any], read_json(self._catalog_path, {}) or {}).items()
             }
             self.resources = Resources(self.config.memory_bytes, self.config.max_open_files)
             self._parts: dict[int, Partition] = {}
@@ -70,7 +70,7 @@ class Store:
 
     def _check_partition_count(self) -> None:
         meta_path = os.path.join(self.path, "STORE.json")
-        meta = read_json(meta_path)
+        meta: Any = read_json(meta_path)
         if meta is None:
             write_json(meta_path, {"partitions": self.partitions, "format": 1})
         elif meta["partitions"] != self.partitions:
@@ -160,7 +160,7 @@ class Store:
 
     # -- operations (the node serves these per partition) ----------------
 
-    def write(self, pid: int, ops, request: bytes | None = None) -> bool:
+    def write(self, pid: int, ops: list, request: bytes | None = None) -> bool:
         """Apply ``ops`` to partition ``pid`` once per ``request`` id; answers whether they applied now."""
         return self.partition(pid).write(ops, request)
 
@@ -182,19 +182,20 @@ class Store:
                 raise not_bytes(e, f"ops of partition {pid}")
         return applied
 
-    def compare_and_set_groups(self, groups: list, request: bytes | None = None) -> list[bool]:
+    def compare_and_set_groups(self, groups: list[tuple[int, list[Any]]], request: bytes | None = None) -> list[bool]:
         """A node's ``CompareAndSet``: one [state, key, expected, new] per partition, all checked first, each
         applied once per ``request`` id; answers which set."""
         requests.check_id(request, "compare_and_set")
         for pid, cas in groups:
             check_compare_and_set(cas, self.specs, pid, self.config.max_key_bytes, self.config.max_value_bytes)
-        return [self.partition(pid).compare_and_set(*cas, request) for pid, cas in groups]
+        return [self.partition(pid).compare_and_set(*cas, request)  # type: ignore[call-arg]  # cas: the 4 checked above
+                for pid, cas in groups]
 
     def get_many(self, pid: int, state: str, keys: list[bytes]) -> list[bytes | None]:
         return self.partition(pid).get_many(state, keys)
 
     def scan(self, pid: int, state: str, prefix: bytes = b"", after: bytes | None = None, limit: int | None = None,
-             stop: bytes | None = None):
+             stop: bytes | None = None) -> list[tuple[bytes, bytes]]:
         return self.partition(pid).scan(state, prefix, after, limit, stop)
 
     def scan_columns(self, pid: int, state: str, prefix: bytes, after: bytes | None, limit: int | None,
@@ -205,8 +206,9 @@ class Store:
 
     def stats(self, pids: Iterable[int] | None = None) -> dict:
         """Live entries and bytes per state, and per partition (exact: it reads every entry)."""
-        states = {name: {"kind": s.kind, "ttl": s.ttl, "keys": 0, "bytes": 0} for name, s in self.specs.items()}
-        partitions = {}
+        states: dict[str, dict[str, Any]] = {
+            name: {"kind": s.kind, "ttl": s.ttl, "keys": 0, "bytes": 0} for name, s in self.specs.items()}
+        partitions: dict[int, dict[str, int]] = {}
         for pid in sorted(self._parts if pids is None else pids):
             part = self.partition(pid)
             row = {"keys": 0, "bytes": 0}
@@ -269,7 +271,7 @@ def not_bytes(e: Exception, what: str) -> Exception:
     return ProtocolError(f"{what}: {e.args[0] if e.args else e}; keys and values are bytes")
 
 
-def _lock(path: str):
+def _lock(path: str) -> IO[str]:
     f = open(os.path.join(path, "LOCK"), "a")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ssl import SSLContext
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, cast
 
 from ...api import Rockstate
 from ...checkpoint.coordinator import CheckpointRecord
@@ -26,6 +26,8 @@ from ...checkpoint.savepoint import SavepointInfo
 from ...errors import ClusterTimeoutError, ConnectionLostError, PartitionUnavailableError, RockstateError, StoreClosedError
 from ...retry import Retry
 from ...rpc.client import Channel, call_many
+from ...rpc.messages import Message
+from ...states import Checkpointer
 from ...store import StateSpec, requests
 from .. import protocol as p
 from .bulk import upload_and_ingest
@@ -56,13 +58,13 @@ class ClusterBackend:
         self._coordinator = CoordinatorChannel(address, self._new_channel)  # it follows the leader among several
         self._channels: dict[str, Channel] = {}
         self._lock = threading.Lock()
-        self.checkpointer = ClusterCheckpointClient(self._coordinator, self._ask)  # one: it remembers the last restore
+        self.checkpointer: Checkpointer | None = ClusterCheckpointClient(self._coordinator, self._ask)  # one: it remembers the last restore
         self.table: Table = self._fetch_table(retry=wait)
         self.partitions = self.table.partitions
 
     # -- table and channels --------------------------------------------------
 
-    def _ask(self, msg, timeout: float | None = None) -> Any:
+    def _ask(self, msg: Message, timeout: float | None = None) -> Any:
         """A call to the coordinator, retried while it cannot be reached (restarting) until ``retry_timeout``.
 
         Only for requests that may be repeated: reads, idempotent updates, and
@@ -97,7 +99,7 @@ class ClusterBackend:
                 channel = self._channels[address] = self._new_channel(address)
             return channel
 
-    def _routed(self, groups: dict[int, Any], make: Callable[[int, list], p.Write | p.Read],
+    def _routed(self, groups: dict[int, Any], make: Callable[[int, list], Message],
                 address_of: Callable[[Table, int], str | None] = Table.owner_address) -> dict[int, Any]:
         """Send each partition's group to its owner (or ``address_of``), one request per node; retry what failed."""
         if len(groups) == 1:  # one partition (a one-key call): no grouping by owner
@@ -117,7 +119,7 @@ class ClusterBackend:
             if unowned:
                 last_error = PartitionUnavailableError(f"partitions {unowned[:5]} have no live owner")
             owners = list(by_owner.items())
-            calls = [(self._channel(addr), make(table.epoch, [[pid, pending[pid]] for pid in pids])) for addr, pids in owners]
+            calls = [(self._channel(cast(str, addr)), make(table.epoch, [[pid, pending[pid]] for pid in pids])) for addr, pids in owners]
             for (addr, pids), answer in zip(owners, self._call_all(calls)):
                 if isinstance(answer, RockstateError):
                     if not answer.retryable:
@@ -128,7 +130,7 @@ class ClusterBackend:
                     results[pid] = value
                     del pending[pid]
             if pending:
-                raise last_error
+                raise cast(RockstateError, last_error)  # set: a partition stays pending only after an error
             return results
 
         return self._retried(attempt, lambda: sorted(pending))
@@ -237,7 +239,7 @@ class ClusterBackend:
         self._routed(pieces_by_pid, lambda epoch, groups: p.StageDone(
             epoch=epoch, query=query, batch=batch, operator=operator, attempt=attempt, groups=groups))
 
-    def advance_batches(self, query: str, batch: int, pids=None) -> dict[int, int | None]:
+    def advance_batches(self, query: str, batch: int, pids: Iterable[int] | None = None) -> dict[int, int | None]:
         """Apply the query's staged batches below ``batch`` on ``pids`` (default all); answers each one's applied batch."""
         pids = range(self.partitions) if pids is None else pids
         return self._routed(dict.fromkeys(pids), lambda epoch, groups: p.AdvanceBatches(
