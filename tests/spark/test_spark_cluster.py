@@ -1,7 +1,13 @@
 """The demo's pipeline on a real Spark cluster (standalone master and two workers, executors in their own JVMs)
 and through Spark Connect (no SparkContext on the client), each with a state node killed midway.
 
-Slow (minutes): run with ``make spark-cluster``; ``make test`` leaves them out (marker ``spark_cluster``).
+What a node's death does is the cluster's default first: its partitions are promoted to their in-sync backups
+(``primary_promoted``), nothing is restored from a checkpoint and no batch is rewound. With ``backup_count 0``
+there is no backup to promote: the partitions are restored from the last checkpoint (``partition_restored``),
+the query stops on the rewind and is started again, and the output is still exact.
+
+About a minute and a half: ``make spark-cluster`` runs them (marker ``spark_cluster``), and ``make test`` runs
+them too, after the rest of the suite.
 """
 
 import argparse
@@ -30,7 +36,10 @@ def test_the_demo_on_a_standalone_cluster_with_a_node_killed(tmp_path):
     out = io.StringIO()
     demo = Demo(args, str(tmp_path), Console(file=out, width=200))
     assert demo.run() == 0, out.getvalue()
-    assert "killed" in demo.facts and demo.facts.get("restored_partitions"), out.getvalue()
+    # the default: the killed node's partitions went on from their in-sync backups, nothing was rewound
+    assert "killed" in demo.facts and demo.facts.get("promoted_partitions"), out.getvalue()
+    assert not demo.facts.get("restored_partitions"), out.getvalue()
+    assert "no rewind" in out.getvalue()
     assert "on spark://127.0.0.1:" in out.getvalue()
     # each worker ran an executor (its own JVM, with its own Python workers) for the application
     for worker in ("worker-0", "worker-1"):
@@ -38,7 +47,8 @@ def test_the_demo_on_a_standalone_cluster_with_a_node_killed(tmp_path):
         assert apps and all(app.startswith("app-") for app in apps), apps
 
 
-def test_the_pipeline_through_spark_connect_with_a_node_killed(tmp_path):
+@pytest.mark.parametrize("backup_count", [None, 0], ids=["promotion", "restore"])
+def test_the_pipeline_through_spark_connect_with_a_node_killed(tmp_path, backup_count):
     from pyspark.sql import SparkSession
 
     events = generate(6000)
@@ -49,7 +59,7 @@ def test_the_pipeline_through_spark_connect_with_a_node_killed(tmp_path):
         write_file(chunk(events, files, i), str(tmp_path / "in"), i)
         os.utime(tmp_path / "in" / f"cdc-{i:04d}.json", (1_700_000_000 + i, 1_700_000_000 + i))
     with LocalCluster(nodes=3, partitions=12, root=str(tmp_path / "cluster"), checkpoints=f"file://{tmp_path}/chk-store",
-                      heartbeat_timeout=1.0) as cluster, ConnectServer(str(tmp_path / "connect"), conf={"spark.sql.shuffle.partitions": "4"}) as server:
+                      backup_count=backup_count, heartbeat_timeout=1.0) as cluster, ConnectServer(str(tmp_path / "connect"), conf={"spark.sql.shuffle.partitions": "4"}) as server:
         spark = SparkSession.builder.remote(server.remote).getOrCreate()  # the client side: no SparkContext
         try:
             client = StateClientSpec(cluster.address, retry_timeout=60.0)
@@ -76,8 +86,16 @@ def test_the_pipeline_through_spark_connect_with_a_node_killed(tmp_path):
             else:
                 pytest.fail(f"the query did not finish: {failures}")
             assert killed.is_set()
-            restored = [e for e in cluster.status()["events"] if e["event"] == "partition_restored"]
-            assert restored and all(e["previous"] == victim.node_id for e in restored)
+            log = cluster.status()["events"]
+            promoted = [e for e in log if e["event"] == "primary_promoted"]
+            restored = [e for e in log if e["event"] == "partition_restored"]
+            if backup_count is None:  # the default: promotion to the in-sync backups, no restore, no rewind
+                assert promoted and all(e["previous"] == victim.node_id for e in promoted), log
+                assert not restored, restored
+                assert not failures, failures  # the query ran through the death: no batch was rewound
+            else:  # no backup: the victim's partitions restored from the checkpoint, the query started again
+                assert restored and all(e["previous"] == victim.node_id for e in restored), log
+                assert not promoted, promoted
             rows = spark.read.parquet(str(tmp_path / "out")).toPandas()  # the file sink's log: committed batches only
         finally:
             spark.stop()
