@@ -140,6 +140,27 @@ class ProcessRunner:
         self.coordinators.clear()
 
 
+async def _left_running(grace: float = 1.0) -> list[str]:
+    """The tasks on this loop other than the caller still pending after ``grace`` seconds (cancelled ones
+    get that long to finish): where each was started, and where it waits."""
+    deadline = time.monotonic() + grace
+    while True:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+        if not tasks or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.02)
+    return sorted(_describe_task(t) for t in tasks)
+
+
+def _describe_task(task: asyncio.Task) -> str:
+    coro = task.get_coro()
+    code = getattr(coro, "cr_code", None)
+    frame = getattr(coro, "cr_frame", None)
+    started = f"{code.co_qualname} ({code.co_filename}:{code.co_firstlineno})" if code is not None else repr(coro)
+    waits = f", waiting at line {frame.f_lineno}" if frame is not None else ""
+    return f"{task.get_name()}: {started}{waits}"
+
+
 def _kill(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.kill()
@@ -155,6 +176,7 @@ class ThreadRunner:
         self.thread.start()
         self.coordinators: dict[int, Coordinator] = {}
         self.nodes: dict[str, Node] = {}
+        self.pending_at_close: list[str] = []  # tasks still on the loop after every node and coordinator stopped
 
     def _run(self, coro, timeout: float = START_TIMEOUT):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -200,6 +222,7 @@ class ThreadRunner:
                 await node.stop()
             for coordinator in self.coordinators.values():
                 await coordinator.stop()
+            self.pending_at_close = await _left_running()
 
         try:
             self._run(stop_all())
