@@ -11,7 +11,8 @@ import os
 import shutil
 from typing import TYPE_CHECKING, Any, AsyncGenerator, Callable
 
-from ..errors import ClusterError
+from ..errors import ClusterError, UnsafePathError
+from ..names import create_new, inside
 from ..rpc import Stream
 from ..store import Store
 from ..store.store import partition_dir
@@ -81,10 +82,14 @@ def receive_files(files: list, target: str, read_into: Callable[[memoryview], in
     shutil.rmtree(target, ignore_errors=True)
     os.makedirs(target)
     buffer = memoryview(bytearray(CHUNK))
-    for name, size in files:
-        if not isinstance(name, str) or os.sep in name or name.startswith(".") or not isinstance(size, int):
-            raise ClusterError(f"bad file {name!r} (size {size!r}) in a copy's listing")
-        with open(os.path.join(target, name), "wb") as f:
+    for name, size in files:  # one path component each, a new file inside target, never through a symlink
+        if type(size) is not int or size < 0:
+            raise ClusterError(f"bad file {str(name)[:80]!r} (size {size!r}) in a copy's listing")
+        try:
+            dest = inside(target, name, "file name in a copy's listing")
+        except UnsafePathError as exc:
+            raise ClusterError(f"bad file: {exc.message}") from None
+        with create_new(dest) as f:
             left = size
             while left:
                 n = read_into(buffer[:min(left, CHUNK)])

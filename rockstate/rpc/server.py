@@ -14,6 +14,19 @@ or turn of the loop (a one-key read took ~40 % less server CPU).
 A handler may answer a ``Stream``: its result, then raw bytes on the same
 connection, which then closes (a copy's files: no request, frame or encoding
 per chunk; read with ``client.streamed``).
+
+Nothing large before the handshake (docs/security.md, ``Limits``): until a
+caller is welcomed its frames may hold ``handshake_frame`` bytes (4 KiB) and
+its buffer twice that; the whole handshake must end within
+``handshake_timeout`` seconds; at most ``max_unauthenticated`` connections
+wait in it (a new one beyond that closes the oldest waiting one, so a flood
+of half-open connections cannot keep a real caller out for longer than its
+own handshake takes) and at most ``max_connections`` are open in all (a new
+one beyond that is closed at once). A welcomed caller whose frame stays
+incomplete for ``read_timeout`` seconds, or that sends nothing and waits for
+nothing for ``idle_timeout`` seconds, is closed. A frame body of more than
+``offload_frame`` bytes is decoded on a worker thread (the connection's later
+frames wait for it), so one big frame does not hold the loop.
 """
 
 from __future__ import annotations
@@ -21,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl as _ssl
+import time
 import types
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Generator, Iterable
 from dataclasses import dataclass
@@ -62,6 +76,19 @@ class Stream:
     chunks: AsyncGenerator[bytes, None]
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What a server allows a connection before and after its handshake (see the module docstring)."""
+
+    handshake_frame: int = 4096
+    handshake_timeout: float = 5.0
+    max_unauthenticated: int = 128
+    max_connections: int = 4096
+    read_timeout: float = 60.0
+    idle_timeout: float | None = None  # None: a welcomed caller's idle connection stays (clients pool them)
+    offload_frame: int = 1 << 20
+
+
 def _format_address(sockname: tuple) -> str:
     host, port = sockname[:2]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -93,6 +120,7 @@ class Server:
         secret: auth.Secret | None = None,
         max_frame: int = MAX_FRAME,
         inline: Iterable[type[Message]] = (),
+        limits: Limits = Limits(),
     ) -> None:
         for cls in handlers:
             if not (isinstance(cls, type) and issubclass(cls, Message)):
@@ -104,12 +132,37 @@ class Server:
         self._pack = packer()  # replies are encoded on the loop's thread only
         self._server: asyncio.Server | None = None
         self._connections: set[_Serving] = set()
+        self._unwelcomed: dict[_Serving, None] = {}  # connections still in their handshake, oldest first
         self._requests: set[asyncio.Task] = set()
+        self.limits = limits
+        self._sweeper: asyncio.TimerHandle | None = None
+        self.refused = {"handshake_frame": 0, "handshake_timeout": 0, "unauthenticated_cap": 0, "connection_cap": 0,
+                        "read_timeout": 0, "idle_timeout": 0}  # connections closed by the limits, by reason
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Serving(self), self.host, self.port, ssl=self._ssl)
+        self._server = await loop.create_server(lambda: _Serving(self), self.host, self.port, ssl=self._ssl,
+                                                ssl_handshake_timeout=self.limits.handshake_timeout if self._ssl else None)
         self.port = self._server.sockets[0].getsockname()[1]
+        self._sweeper = loop.call_later(1.0, self._sweep)
+
+    def _sweep(self) -> None:
+        """Once a second: close connections past their handshake, read or idle timeout."""
+        now, limits = time.monotonic(), self.limits
+        for conn in list(self._unwelcomed):
+            if now - conn._since < limits.handshake_timeout:
+                break  # oldest first: the rest are younger
+            conn._drop("handshake_timeout", f"no handshake within {limits.handshake_timeout:g}s")
+        for conn in list(self._connections):
+            if conn._conn is None or conn._streaming:
+                continue
+            if conn._buffer and not conn._reading_paused and now - conn._since > limits.read_timeout:
+                conn._drop("read_timeout", f"a frame incomplete for {limits.read_timeout:g}s")
+            elif (limits.idle_timeout is not None and not conn._buffer and not conn._busy()
+                  and now - conn._since > limits.idle_timeout):
+                conn._drop("idle_timeout", f"idle for {limits.idle_timeout:g}s")
+        if self._server is not None:
+            self._sweeper = asyncio.get_running_loop().call_later(1.0, self._sweep)
 
     @property
     def address(self) -> str:
@@ -121,6 +174,8 @@ class Server:
         if self._server is None:
             return
         self._server.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         for task in self._requests:
             task.cancel()
         for connection in list(self._connections):
@@ -193,23 +248,55 @@ class _Serving(asyncio.Protocol):
         self._waiting: asyncio.Task | None = None  # the inline request that had to wait
         self._writing_paused = self._reading_paused = self._streaming = False
         self._writable: asyncio.Future | None = None  # a stream waits on it while the caller does not read
+        self._since = time.monotonic()  # the connection's start; once welcomed, its last complete frame
+        self._in_flight = 0  # requests not answered yet
 
     # -- the loop's calls --------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
         self._address = _format_address(transport.get_extra_info("peername"))
-        self._server._connections.add(self)
+        server, limits = self._server, self._server.limits
+        if len(server._connections) >= limits.max_connections:
+            server.refused["connection_cap"] += 1
+            log.warning("server %r refuses a connection from %s: %d connections open (max_connections)",
+                        server.name, self._address, len(server._connections))
+            transport.abort()
+            return
+        server._connections.add(self)
+        server._unwelcomed[self] = None
+        if len(server._unwelcomed) > limits.max_unauthenticated:
+            oldest = next(iter(server._unwelcomed))
+            oldest._drop("unauthenticated_cap", f"more than {limits.max_unauthenticated} connections in their handshake")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server._connections.discard(self)
+        self._server._unwelcomed.pop(self, None)
         self._wake_writer()
+
+    def _drop(self, reason: str, why: str) -> None:
+        """Close the connection now, for one of the server's limits (no reply: the caller may not be a rockstate one)."""
+        server = self._server
+        server.refused[reason] += 1
+        server._unwelcomed.pop(self, None)
+        server._connections.discard(self)
+        log.info("server %r closes the connection from %s: %s", server.name, self._address, why)
+        self._transport.abort()
+
+    def _busy(self) -> bool:
+        return self._in_flight > 0 or self._waiting is not None
 
     def data_received(self, data: bytes) -> None:
         if self._streaming:  # nothing more is read from a stream's connection (still read: its end closes it)
             return
         self._buffer += data
         self._take()
+        if (self._conn is None and len(self._buffer) > 2 * self._server.limits.handshake_frame + len(MAGIC)
+                and not self._transport.is_closing()):  # frames within the limit, but more than a handshake's
+            self._server.refused["handshake_frame"] += 1
+            self._refuse(ProtocolError(f"{len(self._buffer)} bytes sent before the handshake ended (at most "
+                                       f"{self._server.limits.handshake_frame} a frame)", size=len(self._buffer)))
+            self._buffer.clear()
 
     def eof_received(self) -> None:
         if self._buffer:  # the caller stopped in the middle of the greeting or of a frame
@@ -255,16 +342,44 @@ class _Serving(asyncio.Protocol):
             self._refuse(e)
 
     def _frame(self) -> Any | None:
-        """The next whole frame's body, decoded; None until it has arrived."""
+        """The next whole frame's body, decoded; None until it has arrived (or while a big one is decoded off the loop)."""
         buffer = self._buffer
         if len(buffer) < HEADER_SIZE:
             return None
-        end = HEADER_SIZE + body_size(bytes(buffer[:HEADER_SIZE]), self._server._max_frame)
+        welcomed = self._conn is not None
+        size = body_size(bytes(buffer[:HEADER_SIZE]), self._server._max_frame)
+        if not welcomed and size > self._server.limits.handshake_frame:
+            self._server.refused["handshake_frame"] += 1
+            raise ProtocolError(f"frame of {size} bytes before the handshake ended exceeds the handshake's limit of "
+                                f"{self._server.limits.handshake_frame} bytes", size=size, limit=self._server.limits.handshake_frame)
+        end = HEADER_SIZE + size
         if len(buffer) < end:
             return None
         body = buffer[HEADER_SIZE:end]
         del buffer[:end]
+        if welcomed:
+            self._since = time.monotonic()
+        if end - HEADER_SIZE > self._server.limits.offload_frame:
+            task = self._waiting = asyncio.get_running_loop().create_task(asyncio.to_thread(decode, bytes(body)))
+            del body
+            task.add_done_callback(self._decoded)
+            self._pause_reading_if_needed()
+            return None
         return decode(body)
+
+    def _decoded(self, task: asyncio.Task) -> None:
+        """A big frame decoded on a worker thread: handle it, then what arrived meanwhile."""
+        self._waiting = None
+        if task.cancelled() or self._transport.is_closing():
+            return
+        try:
+            rid, wire, deadline = parse_request(task.result())
+            self._request(rid, wire, deadline)
+        except (ProtocolError, AuthenticationError) as e:
+            self._refuse(e)
+            return
+        self._pause_reading_if_needed()
+        self._take()
 
     def _truncated(self) -> FrameTruncatedError:
         got = len(self._buffer)
@@ -319,6 +434,8 @@ class _Serving(asyncio.Protocol):
                 self._write(encode(reply(rid, self._challenge)))
                 return
         self._conn = Connection(peer=self._peer, address=self._address)
+        server._unwelcomed.pop(self, None)
+        self._since = time.monotonic()
         self._write(encode(reply(rid, Welcome(name=server.name))))
 
     # -- requests ----------------------------------------------------------
@@ -339,10 +456,13 @@ class _Serving(asyncio.Protocol):
         else:
             task = asyncio.get_running_loop().create_task(server._handle(self._conn, rid, wire, deadline))  # type: ignore[arg-type]
             task.add_done_callback(self._answered)
+        self._in_flight += 1
         server._requests.add(task)
 
     def _answered(self, task: asyncio.Task) -> None:
         self._server._requests.discard(task)
+        self._in_flight -= 1
+        self._since = time.monotonic()
         if task.cancelled():
             return
         answer = task.result()
