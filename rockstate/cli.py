@@ -115,7 +115,13 @@ def _table(*columns: str, title: str | None = None):
     from rich import box
     from rich.table import Table
 
-    table = Table(box=box.SIMPLE_HEAD, title=title, title_justify="left", pad_edge=False)
+    from rich.markup import escape
+
+    class Escaped(Table):  # cells are data from the cluster (node ids, states...): never rich markup
+        def add_row(self, *cells, **kwargs):
+            super().add_row(*(escape(c) if isinstance(c, str) else c for c in cells), **kwargs)
+
+    table = Escaped(box=box.SIMPLE_HEAD, title=title, title_justify="left", pad_edge=False)
     for c in columns:
         table.add_column(c, no_wrap=False, overflow="fold", min_width=len(max(c.split(), key=len)))
     return table
@@ -219,17 +225,19 @@ def cmd_status(args: argparse.Namespace) -> None:
     if args.json:
         return _print_json(status)
     console = _console()
-    console.print(f"cluster at {args.coordinator}: {status['partitions']} partitions, table epoch {status['epoch']}, {status['states']} states")
+    from rich.markup import escape  # what the cluster sends is data, never markup
+
+    console.print(f"cluster at {escape(args.coordinator)}: {status['partitions']} partitions, table epoch {status['epoch']}, {status['states']} states")
     coordinators = status.get("coordinators")
     if coordinators and "zookeeper" in coordinators:  # several coordinators
-        console.print(f"coordinators: leader {coordinators['leader'] or 'none elected'}; "
-                      f"standbys {', '.join(coordinators['standbys']) or 'none'} (ZooKeeper {coordinators['zookeeper']})")
+        console.print(escape(f"coordinators: leader {coordinators['leader'] or 'none elected'}; "
+                             f"standbys {', '.join(coordinators['standbys']) or 'none'} (ZooKeeper {coordinators['zookeeper']})"))
     unavailable = status.get("unavailable", status["unassigned"])
     console.print(f"[bold red]{unavailable} partitions without a live owner[/]" if unavailable else "every partition has a live owner")
     if status.get("checkpoints"):
         c = status["checkpoints"]
         latest = "none completed yet" if c["latest"] is None else f"latest completed: {c['latest']}"
-        console.print(f"checkpoints at {c['url']}: {latest}")
+        console.print(escape(f"checkpoints at {c['url']}: {latest}"))
     table = _table("node", "address", "status", "parts", "memory", "disk", "seen", title="nodes")
     for n in status["nodes"]:
         f = n.get("figures") or {}
