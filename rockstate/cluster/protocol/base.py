@@ -1,11 +1,13 @@
-"""What every message module shares: the numeric bounds, and fields checked against their ranges."""
+"""What every message module shares: the numeric bounds, fields checked against their ranges, names checked
+against the one name pattern (``rockstate/names.py``)."""
 
 from __future__ import annotations
 
 import math
 from typing import ClassVar
 
-from ...errors import ProtocolError
+from ...errors import InvalidNameError, ProtocolError
+from ...names import RULE, is_name
 from ...rpc.frames import MAX_FRAME
 from ...rpc.messages import Message
 
@@ -25,8 +27,15 @@ class Ranged:
     ranges: ClassVar[dict[str, tuple[float, float | None]]] = {}
     op: ClassVar[str]  # declared here for the type checker: a Ranged is a Message too (rpc.messages sets both)
     _types: ClassVar[dict[str, tuple[type, ...] | None]]
+    names: ClassVar[dict[str, str]] = {}  # {field: what it names}: a str (None where allowed) matching names.PATTERN
 
     def __post_init__(self) -> None:
+        for name, what in self.names.items():
+            value = getattr(self, name)
+            if value is None or is_name(value):
+                continue
+            raise InvalidNameError(f"field {name!r} of {self.op!r} message: invalid {what} {str(value)[:80]!r}: use {RULE}",
+                                   op=self.op, field=name)
         for name, (low, high) in self.ranges.items():
             value = getattr(self, name)
             if type(value) not in (int, float):
