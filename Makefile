@@ -4,9 +4,9 @@ STAMP := $(VENV)/.installed
 export PYSPARK_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: setup lint test demo bench soak chaos spark-cluster clean
+.PHONY: setup lint test demo bench soak chaos spark-cluster spark-matrix clean
 
-$(STAMP): pyproject.toml scripts/setup.sh
+$(STAMP): pyproject.toml scripts/setup.sh constraints/test.txt constraints/spark-*.txt
 	VENV=$(VENV) scripts/setup.sh
 	touch $@
 
@@ -21,6 +21,7 @@ lint: setup
 # two workers, a module per worker (tests/conftest.py queues the long modules first)
 test: setup lint
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -q -m spark_cluster tests/spark/test_spark_cluster.py  # make spark-cluster's real Spark clusters
 
 demo: setup
 	$(PY) -m rockstate.cli demo
@@ -43,9 +44,16 @@ chaos: setup
 	$(PY) -m rockstate.testing.chaos --seed 8 9 --events 40000 --files 20 --rounds 2 --ha
 	$(PY) -m rockstate.testing.kv_chaos --seed 1 2 3 --actions 10 --netns
 
-# the demo's pipeline on a standalone Spark master + two workers, and through Spark Connect (a few minutes)
+# the demo's pipeline on a standalone Spark master + two workers, and through Spark Connect (promotion to the
+# backups, and with backup_count 0 the checkpoint restore), each with a state node killed (~2 minutes; make test runs it)
 spark-cluster: setup
 	$(PY) -m pytest -q -m spark_cluster tests/spark/test_spark_cluster.py
+
+# the Spark tests (with the real clusters) on every supported Spark line, 3.5 through 4.3, each in its own venv
+# (.venv-spark-X.Y, constraints/spark-X.Y.txt), one line after another; a table line per version.
+# SPARK_LINES="4.2 4.3" picks lines.
+spark-matrix:
+	scripts/spark_matrix.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

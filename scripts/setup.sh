@@ -19,4 +19,4 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/pip" install -q --upgrade pip
-"$VENV/bin/pip" install -q -e '.[dev]'
+"$VENV/bin/pip" install -q -c constraints/test.txt -e '.[dev]'  # make test's tested Spark combination

@@ -45,6 +45,12 @@ def key_names(keys: str | Sequence[str]) -> list[str]:
     return names
 
 
+def _binary_collation(dtype: T.StringType) -> bool:
+    """Whether a string column compares (and hashes) by its bytes: always before Spark 4.0, which has no collations."""
+    is_binary = getattr(dtype, "isUTF8BinaryCollation", None)
+    return True if is_binary is None else bool(is_binary())
+
+
 def key_columns(df: DataFrame, keys: str | Sequence[str]) -> list[Column]:
     """The key columns as rockstate hashes them: integers as bigint, floating point as double."""
     fields = {f.name: f.dataType for f in df.schema.fields}
@@ -57,7 +63,7 @@ def key_columns(df: DataFrame, keys: str | Sequence[str]) -> list[Column]:
             columns.append(F.col(name).cast("bigint"))
         elif isinstance(dtype, _AS_DOUBLE):
             columns.append(F.col(name).cast("double"))
-        elif isinstance(dtype, _AS_IS) or (isinstance(dtype, T.StringType) and dtype.isUTF8BinaryCollation()):
+        elif isinstance(dtype, _AS_IS) or (isinstance(dtype, T.StringType) and _binary_collation(dtype)):
             columns.append(F.col(name))
         else:
             raise InvalidKeyError(

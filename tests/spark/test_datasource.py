@@ -9,7 +9,10 @@ from pyspark.errors import AnalysisException, PythonException
 from pyspark.sql import functions as F
 
 from rockstate import LocalCluster, partition_of
-from rockstate.spark import bulk_load, register_data_source
+from rockstate.spark import SPARK_VERSION, bulk_load, register_data_source
+
+if SPARK_VERSION < (4, 0):
+    pytest.skip("the Python Data Source API is Spark 4.0+", allow_module_level=True)
 
 N = 50_000
 P = 4
