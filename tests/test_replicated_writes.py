@@ -42,7 +42,7 @@ def test_a_backup_applying_the_shipped_batches_holds_the_same_bytes(tmp_path):
 def test_a_shipped_batch_is_weighed_by_its_keys_and_values(tmp_path):
     """The sender caps each ReplicaApply by this weight. An append ships its item, not the list (the whole list
     per append made a backup behind on a long list unable to catch up: each message held few batches)."""
-    from rockstate.cluster.replication.sender import stored_bytes
+    from rockstate.cluster.replication.primary import stored_bytes
 
     store = Store(str(tmp_path / "primary"), StoreConfig(partitions=1))
     store.define_state(StateSpec("journal", "list"))

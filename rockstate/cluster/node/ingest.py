@@ -38,11 +38,12 @@ import asyncio
 import os
 import re
 import time
+from typing import Awaitable, Callable
 
 from rocksdict import IngestExternalFileOptions
 
 from ...checkpoint.manifest import checksum_file
-from ...errors import ClusterError, IngestUploadError, PartitionUnavailableError, RockstateError, UnknownStateError
+from ...errors import ClusterError, IngestUploadError, PartitionUnavailableError, UnknownStateError
 from ...store import Store
 from .. import protocol as p
 from .ownership import Gate
@@ -51,30 +52,25 @@ STALE_UPLOAD = 3600.0
 _UPLOAD = re.compile(r"^[0-9a-f]{32}$")
 
 
-async def _nothing(pid: int) -> None:
-    """Unreplicated: an ingest is done once the file is in."""
-
-
 class SstIngestor:
     """A node's handlers for ``IngestChunk``, ``IngestSst`` and ``IngestAbort``."""
 
-    def __init__(self, gate: Gate) -> None:
-        self.gate = gate
-        self.store: Store = None  # type: ignore[assignment] -- the node opens it once registered
+    def __init__(self, gate: Gate, store_of: Callable[[], Store], resync: Callable[[int], Awaitable[None]]) -> None:
+        """``store_of()``: the store, open once the node registered; ``resync(pid)``: replication's, as an SST file is
+        no batch the partition's backups could apply (returns at once when it has none)."""
+        self.gate, self._store, self.resync = gate, store_of, resync
         self._last_sweep = 0.0
-        self.resync = _nothing  # replication.NodeReplication.resync: an SST file is no batch its backups could apply
-        self.handlers = {p.IngestChunk: self.chunk, p.IngestSst: self.ingest, p.IngestAbort: self.abort}
 
     @property
     def root(self) -> str:
-        return os.path.join(self.store.path, "ingest")
+        return os.path.join(self._store().path, "ingest")
 
     def _path(self, upload: str) -> str:
         if not _UPLOAD.match(upload):
             raise ClusterError(f"bad upload id {upload!r}: 32 lowercase hex digits expected")
         return os.path.join(self.root, f"{upload}.sst")
 
-    async def chunk(self, msg: p.IngestChunk, conn) -> int:
+    async def chunk(self, msg: p.IngestChunk, conn: object) -> int:
         path = self._path(msg.upload)
         if msg.offset < 0:
             raise ClusterError(f"bad offset {msg.offset} for upload {msg.upload}")
@@ -91,10 +87,10 @@ class SstIngestor:
             os.close(fd)
         return offset + len(data)
 
-    async def abort(self, msg: p.IngestAbort, conn) -> None:
+    async def abort(self, msg: p.IngestAbort, conn: object) -> None:
         _remove(self._path(msg.upload))
 
-    async def ingest(self, msg: p.IngestSst, conn) -> int:
+    async def ingest(self, msg: p.IngestSst, conn: object) -> int:
         path = self._path(msg.upload)
         try:
             # the same checks as a write: waits while the partition is frozen, NOT_OWNER if not ours at that epoch
@@ -113,9 +109,10 @@ class SstIngestor:
             raise IngestUploadError(f"upload {msg.upload} is not on node {self.gate.ownership.node_id}") from None
         if (size, checksum) != (msg.size, msg.checksum):
             raise IngestUploadError(f"upload {msg.upload} has {size} bytes ({checksum}); the client sent {msg.size} ({msg.checksum})")
-        if msg.state not in self.store.specs:
+        store = self._store()
+        if msg.state not in store.specs:
             raise UnknownStateError(f"unknown state {msg.state!r}")
-        part = self.store.partition(pid)
+        part = store.partition(pid)
         part.ensure_state(msg.state)
         options = IngestExternalFileOptions()
         options.set_move_files(True)

@@ -17,17 +17,15 @@ import time
 from bisect import bisect_left
 from functools import wraps
 from itertools import accumulate
-from typing import TYPE_CHECKING, Callable
+from typing import Awaitable, Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 from prometheus_client.exposition import start_http_server
 
+from ...store import Store
 from .. import protocol as p
-
-if TYPE_CHECKING:
-    from .server import Node
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
 
@@ -42,10 +40,9 @@ ROCKSDB_PROPERTIES = {
 _STALLS = re.compile(r"total-(delays|stops): (\d+)")
 
 
-def rocksdb_figures(node: Node) -> dict[str, int]:
+def rocksdb_figures(store: Store | None) -> dict[str, int]:
     """RocksDB figures of the node's open partitions (zeros before it has a store)."""
     figures = dict.fromkeys([*ROCKSDB_PROPERTIES, "write_delays", "write_stops"], 0)
-    store = node.store
     if store is None:
         return {**figures, "block_cache_bytes": 0, "block_cache_pinned_bytes": 0}
     for pid in store.owned():
@@ -82,21 +79,21 @@ def rss_bytes() -> int:
 class NodeCollector:
     """RocksDB and disk gauges, read at each scrape."""
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, store_of: Callable[[], Store | None], memory_bytes: int, data_dir: str) -> None:
+        self.store_of, self.memory_bytes, self.data_dir = store_of, memory_bytes, data_dir
 
-    def collect(self):
-        rocks = rocksdb_figures(self.node)
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        rocks = rocksdb_figures(self.store_of())
         yield GaugeMetricFamily("rockstate_node_rocksdb_block_cache_bytes", "Block cache usage (data, index and filter blocks, memtables)", rocks["block_cache_bytes"])
         yield GaugeMetricFamily("rockstate_node_rocksdb_block_cache_pinned_bytes", "Block cache entries pinned in use", rocks["block_cache_pinned_bytes"])
-        yield GaugeMetricFamily("rockstate_node_memory_limit_bytes", "The node's memory_bytes: the block cache's capacity", self.node.config.memory_bytes)
+        yield GaugeMetricFamily("rockstate_node_memory_limit_bytes", "The node's memory_bytes: the block cache's capacity", self.memory_bytes)
         for name, (_, doc) in ROCKSDB_PROPERTIES.items():
             yield GaugeMetricFamily(f"rockstate_node_rocksdb_{name}", doc, rocks[name])
         stalls = GaugeMetricFamily("rockstate_node_rocksdb_write_stalls", "Write stalls counted by the open partitions, by kind", labels=["kind"])
         stalls.add_metric(["delay"], rocks["write_delays"])
         stalls.add_metric(["stop"], rocks["write_stops"])
         yield stalls
-        disk = disk_figures(self.node.data_dir)
+        disk = disk_figures(self.data_dir)
         yield GaugeMetricFamily("rockstate_node_disk_used_bytes", "Bytes under the node's data directory", disk["used_bytes"])
         yield GaugeMetricFamily("rockstate_node_disk_free_bytes", "Free bytes of the data directory's file system", disk["free_bytes"])
 
@@ -130,7 +127,7 @@ class RequestFigures:
 
         return observe
 
-    def collect(self):
+    def collect(self) -> Iterator[HistogramMetricFamily | CounterMetricFamily]:
         latency = HistogramMetricFamily("rockstate_node_request_seconds", "Latency of successful requests, by operation", labels=["op"])
         bounds = [*map(floatToGoString, self.buckets), "+Inf"]
         for op, counts in list(self.counts.items()):
@@ -141,7 +138,8 @@ class RequestFigures:
 
 
 class NodeMetrics:
-    def __init__(self, node: Node | None = None) -> None:
+    def __init__(self, collector: NodeCollector, node_id: Callable[[], str | None]) -> None:
+        """``collector``: the node's RocksDB and disk figures; ``node_id()``: its id once registered."""
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, process_cpu_seconds_total, open fds...
         PlatformCollector(registry=self.registry)
@@ -149,30 +147,28 @@ class NodeMetrics:
         self.requests = RequestFigures()  # on the hot path: latency, keys read and written
         self.registry.register(self.requests)
         self.partitions = Gauge("rockstate_node_partitions", "Partitions owned", registry=self.registry)
-        self.node = node
-        if node is not None:
-            self.registry.register(NodeCollector(node))
-        self.handlers = {p.NodeFigures: self.figures, p.NodeIdentity: self.identity}
+        self._collector, self._node_id = collector, node_id
+        self.registry.register(collector)
         self._http = None
 
-    async def figures(self, msg: p.NodeFigures, conn) -> dict:
+    async def figures(self, msg: p.NodeFigures, conn: object) -> dict:
         """Memory, disk and RocksDB figures, for the coordinator's status page (the disk walk off the event loop)."""
-        node = self.node
-        return {"rss_bytes": rss_bytes(), "memory_limit_bytes": node.config.memory_bytes, "rocksdb": rocksdb_figures(node),
-                "disk": await asyncio.to_thread(disk_figures, node.data_dir)}
+        c = self._collector
+        return {"rss_bytes": rss_bytes(), "memory_limit_bytes": c.memory_bytes, "rocksdb": rocksdb_figures(c.store_of()),
+                "disk": await asyncio.to_thread(disk_figures, c.data_dir)}
 
-    async def identity(self, msg: p.NodeIdentity, conn) -> str | None:
-        return self.node.node_id
+    async def identity(self, msg: p.NodeIdentity, conn: object) -> str | None:
+        return self._node_id()
 
     def timed(self, handlers: dict) -> dict:
         """The same handlers, each counted and timed."""
         return {cls: self._wrap(cls.op, handler) for cls, handler in handlers.items()}
 
-    def _wrap(self, op: str, handler):
+    def _wrap(self, op: str, handler: Callable[[object, object], Awaitable[object]]) -> Callable[[object, object], Awaitable[object]]:
         observe, failed = self.requests.recorder(op), self.failures.labels(op)
 
         @wraps(handler)
-        async def timed(msg, conn):
+        async def timed(msg: object, conn: object) -> object:
             start = time.perf_counter()
             try:
                 result = await handler(msg, conn)

@@ -27,10 +27,11 @@ import asyncio
 import logging
 import os
 import shutil
-import time
-from typing import AsyncGenerator, Awaitable, Callable
+from typing import Awaitable, Callable
 
-from ...errors import ClusterError, RockstateError
+from ...errors import ClusterError
+from ...rpc import Stream
+from ...rpc.async_client import AsyncChannel
 from ...store import Store
 from ...store.store import partition_dir
 from .. import protocol as p
@@ -63,40 +64,39 @@ class MoveTarget:
 class NodeMoves:
     """A node's handlers for the steps of a move, as its source and as its target."""
 
-    def __init__(self, gate: Gate, peer: Callable[[str], AsyncChannel], settled: Callable[[int], Awaitable[None]]) -> None:
-        self.gate, self.own = gate, gate.ownership
-        self.peer = peer  # a kept connection to the node at an address
-        self.settled = settled  # waits until an earlier copy of the partition is gone
-        self.drained: Callable[[int], Awaitable[int]] = None  # type: ignore[assignment] -- replication.drained
-        self.resumed: Callable[[int], None] = lambda pid: None  # replication.resumed: a drain undone
-        self.source: MoveSource = None  # type: ignore[assignment] -- set by attach()
-        self.target: MoveTarget = None  # type: ignore[assignment]
-        self.handlers = {
-            p.Freeze: self.freeze,
-            p.Drain: self.drain,
-            p.Thaw: self.thaw,
-            p.Release: self.release,
-            p.Pull: self.pull,
-            p.PullDelta: self.pull_delta,
-            p.PullDiscard: self.pull_discard,
-            p.MoveCopy: self.move_copy,
-            p.MoveDelta: self.move_delta,
-            p.MoveDiscard: self.move_discard,
-        }
+    def __init__(self, gate: Gate, store_of: Callable[[], Store], peer: Callable[[str], AsyncChannel],
+                 settled: Callable[[int], Awaitable[None]], drained: Callable[[int], Awaitable[int]],
+                 resumed: Callable[[int], None]) -> None:
+        """``store_of()``: the store, open once the node registered; ``peer(address)``: a kept connection to the node
+        there; ``settled(pid)``: waits until an earlier copy of the partition is gone; ``drained(pid)``: replication's
+        drain of a primary handed over (answers its last batch); ``resumed(pid)``: a drain undone."""
+        self.gate, self.own, self._store = gate, gate.ownership, store_of
+        self.peer, self.settled, self.drained, self.resumed = peer, settled, drained, resumed
+        self._source: MoveSource | None = None
+        self._target: MoveTarget | None = None
 
-    def attach(self, store: Store) -> None:
-        self.store, self.source, self.target = store, MoveSource(store), MoveTarget(store)
+    @property
+    def source(self) -> MoveSource:
+        if self._source is None:  # made once the store is open
+            self._source = MoveSource(self._store())
+        return self._source
+
+    @property
+    def target(self) -> MoveTarget:
+        if self._target is None:
+            self._target = MoveTarget(self._store())
+        return self._target
 
     # -- the source -------------------------------------------------------------------
 
-    async def freeze(self, msg: p.Freeze, conn) -> None:
+    async def freeze(self, msg: p.Freeze, conn: object) -> None:
         if msg.frozen:
             self.own.freeze(msg.partition)
         else:
             self.gate.unfreeze(msg.partition)
             self.resumed(msg.partition)
 
-    async def drain(self, msg: p.Drain, conn) -> int:
+    async def drain(self, msg: p.Drain, conn: object) -> int:
         """A handover (``control/migration.py``): writes wait from now on; answers the last batch once acknowledged."""
         pid = self.own.check_owned(msg.partition)
         self.own.freeze(pid)
@@ -107,23 +107,23 @@ class NodeMoves:
             self.resumed(pid)
             raise
 
-    async def move_copy(self, msg: p.MoveCopy, conn) -> Stream:
+    async def move_copy(self, msg: p.MoveCopy, conn: object) -> Stream:
         return await asyncio.to_thread(self.source.copy, self.own.copy(msg.partition))
 
-    async def move_delta(self, msg: p.MoveDelta, conn) -> list:
+    async def move_delta(self, msg: p.MoveDelta, conn: object) -> list:
         return self.source.delta(self.own.delta(msg.partition, msg.final), msg.final)
 
-    async def move_discard(self, msg: p.MoveDiscard, conn) -> None:
+    async def move_discard(self, msg: p.MoveDiscard, conn: object) -> None:
         pid = self.own.check_range(msg.partition)
         self.source.discard(pid)
         self.own.discard(pid)
 
-    async def release(self, msg: p.Release, conn) -> None:
+    async def release(self, msg: p.Release, conn: object) -> None:
         """Stop serving a partition whose new owner is about to be committed; its files stay until the
         new table arrives (a table that still names this node, after a crashed move, takes it back)."""
         self.gate.release(msg.partition)
 
-    async def thaw(self, msg: p.Thaw, conn) -> None:
+    async def thaw(self, msg: p.Thaw, conn: object) -> None:
         """From a restarted coordinator: moves in flight are over; partitions released for a move that
         never committed are served again once the next table (which the coordinator sends) names them."""
         for pid in self.gate.thaw():
@@ -132,7 +132,7 @@ class NodeMoves:
 
     # -- the target -------------------------------------------------------------------
 
-    async def pull(self, msg: p.Pull, conn) -> int:
+    async def pull(self, msg: p.Pull, conn: object) -> int:
         """Phase 1: fetch the source's copy while it serves, open it, catch up."""
         pid = self.own.check_range(msg.partition)
         if self.own.owns(pid):
@@ -147,18 +147,18 @@ class NodeMoves:
             await asyncio.to_thread(self.target.apply, pid, catch_up)
         except BaseException:
             self.target.discard(pid)
-            self.store.close_partition(pid, drop=True)
+            self._store().close_partition(pid, drop=True)
             raise
         return copied
 
-    async def pull_delta(self, msg: p.PullDelta, conn) -> int:
+    async def pull_delta(self, msg: p.PullDelta, conn: object) -> int:
         """Phase 2: the source is frozen; apply the last writes it recorded."""
         pid = self.own.check_range(msg.partition)
         delta = await self.peer(msg.source).call(p.MoveDelta(partition=pid, final=True))
         self.target.apply(pid, delta)
         return len(delta)
 
-    async def pull_discard(self, msg: p.PullDiscard, conn) -> None:
+    async def pull_discard(self, msg: p.PullDiscard, conn: object) -> None:
         if not self.own.owns(self.own.check_range(msg.partition)):
-            self.store.close_partition(msg.partition, drop=True)
+            self._store().close_partition(msg.partition, drop=True)
         self.target.discard(msg.partition)

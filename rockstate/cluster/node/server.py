@@ -1,10 +1,13 @@
 """A node: serves the partitions it owns, heartbeats to the coordinator.
 
 A shell: it receives messages and carries them out, asking
-``control/ownership.py`` (through ``gate.py``) which partitions it may serve
-— ownership at an epoch, the lease, moves out. Its handlers live by job:
-data in ``serving.py``, moves in ``moves.py``, bulk loads in ``ingest.py``,
-checkpoints below.
+``control/ownership.py`` (through ``ownership.py``'s ``Gate``) which partitions it
+may serve — ownership at an epoch, the lease, moves out. Its handlers live by
+job: data in ``serving.py``, moves in ``migration.py``, bulk loads in
+``ingest.py``, replication in ``replication/``, checkpoints below; ``_handlers``
+maps every message the node serves to its handler, in one place. Each part
+gets what it uses in its constructor: the store through ``store_of`` (it is
+opened once the node registered), replication's functions, the gate.
 
 The lease. The node serves data requests only while its last heartbeat that
 the coordinator answered was sent less than half the coordinator's
@@ -25,21 +28,22 @@ import logging
 import os
 import shutil
 import time
+from typing import Awaitable, Callable
 
 from ...checkpoint.participants import LocalPartitions
 from ...config import CheckpointConfig, NodeConfig
-from ...errors import CheckpointsNotConfiguredError, RockstateError, UnknownNodeError
+from ...errors import CheckpointsNotConfiguredError, PartitionUnavailableError, RockstateError, UnknownNodeError
 from ...files import read_json, write_json
 from ...retry import Retry
 from ...rpc.async_client import AsyncChannel
-from ...rpc.server import Server
+from ...rpc.server import Connection, Server
 from ...store import StateSpec, Store
 from .. import datadir, protocol as p
 from .ownership import Gate
 from ..identity import advertised_address
 from .ingest import SstIngestor
 from ..leader_channel import AsyncCoordinatorChannel
-from .metrics import NodeMetrics
+from .metrics import NodeCollector, NodeMetrics
 from .migration import NodeMoves
 from ..replication.partitions import NodeReplication
 from ..security import Security
@@ -64,27 +68,17 @@ class Node:
         self.gate = Gate()
         self._retiring: dict[int, asyncio.Future] = {}
         self._peers: dict[str, AsyncChannel] = {}
-        self.metrics = NodeMetrics(self)
-        self.data = DataHandlers(self.gate, self.metrics)
-        self.moves = NodeMoves(self.gate, self._mover, self._replacing)
-        self.ingestor = SstIngestor(self.gate)  # bulk-loaded SST files (cluster/ingest.py)
         self._replica_peers: dict[str, AsyncChannel] = {}
-        self.replication = NodeReplication(lambda: self.store, lambda: self.node_id, self._replica_peer,
-                                           self._report_replicas, self.gate.ownership.owns, self._settled)  # cluster/replication.py
-        self.data.acknowledged, self.data.backup_copy = self.replication.acknowledged, self.replication.backup_copy
-        self.ingestor.resync = self.replication.resync
-        self.moves.drained, self.moves.resumed = self.replication.drained, self.replication.resumed
-        self.handlers = {
-            **self.data.handlers,
-            p.ApplyTable: self.apply_table,
-            p.SnapshotPartitions: self.snapshot_partitions,
-            p.FinishCheckpoint: self.finish_checkpoint,
-            p.RestorePartitions: self.restore_partitions,
-            **self.moves.handlers,
-            **self.ingestor.handlers,
-            **self.replication.handlers,
-            **self.metrics.handlers,
-        }
+        store_of, node_id = self._store_of, self._node_id
+        self.metrics = NodeMetrics(NodeCollector(self._open_store, config.memory_bytes, self.data_dir), node_id)
+        self.replication = NodeReplication(store_of, node_id, self._replica_peer, self._report_replicas,
+                                           self.gate.ownership.owns, self._settled)
+        primaries = self.replication.primaries
+        self.data = DataHandlers(self.gate, self.metrics.requests, store_of, primaries.acknowledged,
+                                 self.replication.backups.holds)
+        self.moves = NodeMoves(self.gate, store_of, self._mover, self._replacing, primaries.drained, primaries.resumed)
+        self.ingestor = SstIngestor(self.gate, store_of, primaries.resync)  # bulk-loaded SST files
+        self.handlers = self._handlers()
         self.security = Security.from_config(config.security)
         self.server = Server(self.metrics.timed(self.handlers), config.host, config.port, name="node",
                              inline=(p.Read, p.Write, p.Scan, p.ScanMany, p.ReplicaApply),  # a backup applies on its loop
@@ -94,6 +88,67 @@ class Node:
         self._leaving = False
         self._table_lock = asyncio.Lock()
         self.stopped = asyncio.Event()
+
+    def _handlers(self) -> dict[type[p.Message], Callable[[p.Message, Connection], Awaitable[object]]]:
+        """Every message the node serves, with its handler."""
+        data, moves, ingest, metrics = self.data, self.moves, self.ingestor, self.metrics
+        backups, copies = self.replication.backups, self.replication.copies
+        return {
+            # data (serving.py)
+            p.Write: data.write,
+            p.CompareAndSet: data.compare_and_set,
+            p.Read: data.read,
+            p.Scan: data.scan,
+            p.ScanMany: data.scan_many,
+            p.Stage: data.stage,
+            p.StageDone: data.stage_done,
+            p.AdvanceBatches: data.advance_batches,
+            p.FinishTask: data.finish_task,
+            p.Seal: data.seal,
+            p.NodeStats: data.stats,
+            p.NodeCount: data.count,
+            p.NodeDefineState: data.define_state,
+            # the table and checkpoints (here)
+            p.ApplyTable: self.apply_table,
+            p.SnapshotPartitions: self.snapshot_partitions,
+            p.FinishCheckpoint: self.finish_checkpoint,
+            p.RestorePartitions: self.restore_partitions,
+            # a move's steps, as its source and as its target (migration.py)
+            p.Freeze: moves.freeze,
+            p.Drain: moves.drain,
+            p.Thaw: moves.thaw,
+            p.Release: moves.release,
+            p.Pull: moves.pull,
+            p.PullDelta: moves.pull_delta,
+            p.PullDiscard: moves.pull_discard,
+            p.MoveCopy: moves.move_copy,
+            p.MoveDelta: moves.move_delta,
+            p.MoveDiscard: moves.move_discard,
+            # bulk loads (ingest.py)
+            p.IngestChunk: ingest.chunk,
+            p.IngestSst: ingest.ingest,
+            p.IngestAbort: ingest.abort,
+            # replication: a backup's side (replication/backup.py), a backup's copy (replication/copies.py)
+            p.ReplicaApply: backups.apply,
+            p.ReplicaPositions: backups.positions,
+            p.ReplicaCopy: copies.copy,
+            p.ReplicaCatchUp: copies.catch_up,
+            # the coordinator's status page (metrics.py)
+            p.NodeFigures: metrics.figures,
+            p.NodeIdentity: metrics.identity,
+        }
+
+    def _store_of(self) -> Store:
+        """The store, for the parts: open once the node registered (the gate refuses every partition before)."""
+        if self.store is None:
+            raise PartitionUnavailableError(f"node {self.node_id} has not joined the cluster yet; retry")
+        return self.store
+
+    def _open_store(self) -> Store | None:
+        return self.store
+
+    def _node_id(self) -> str | None:
+        return self.node_id
 
     @property
     def owned(self) -> list[int]:
@@ -135,12 +190,10 @@ class Node:
         # the cluster's partition count and key and value limits are the coordinator's
         store_config = self.config.store.model_copy(update={"partitions": reply["partitions"], **reply["limits"]})
         self.store = Store(os.path.join(self.data_dir, "store"), store_config, owned=[])
-        self.data.store = self.ingestor.store = self.store
-        self.moves.attach(self.store)
         for spec in reply["states"]:
             self.store.define_state(StateSpec.from_dict(spec))
         if reply.get("checkpoints"):
-            self.checkpoints = LocalPartitions(self.store, CheckpointConfig(**reply["checkpoints"]), keys=self.security.checkpoint_keys)
+            self.checkpoints = LocalPartitions(self.store, CheckpointConfig(**reply["checkpoints"]))
         await self._apply(Table.from_wire(reply["table"]))
         self._drop_stale_partitions()
         if self.config.metrics_port is not None:
@@ -217,7 +270,7 @@ class Node:
 
     # -- the table -----------------------------------------------------------
 
-    async def apply_table(self, msg: p.ApplyTable, conn) -> int:
+    async def apply_table(self, msg: p.ApplyTable, conn: Connection) -> int:
         await self._apply(Table.from_wire(msg.table))
         return self.table.epoch
 
@@ -266,15 +319,15 @@ class Node:
             raise CheckpointsNotConfiguredError("the cluster has no checkpoint storage (start the coordinator with --checkpoints URL)")
         return self.checkpoints
 
-    async def snapshot_partitions(self, msg: p.SnapshotPartitions, conn) -> list:
+    async def snapshot_partitions(self, msg: p.SnapshotPartitions, conn: Connection) -> list:
         pids = [self.gate.check(pid, self.table.epoch, leased=False) for pid in msg.partitions]  # the coordinator asks
         return [m.to_dict() for m in await self._checkpoints().snapshot(msg.checkpoint, msg.retained, pids)]
 
-    async def finish_checkpoint(self, msg: p.FinishCheckpoint, conn) -> None:
+    async def finish_checkpoint(self, msg: p.FinishCheckpoint, conn: Connection) -> None:
         pids = [pid for pid in msg.partitions if self.gate.ownership.owns(pid)]
         await self._checkpoints().finish(msg.checkpoint, msg.completed, pids)
 
-    async def restore_partitions(self, msg: p.RestorePartitions, conn) -> list:
+    async def restore_partitions(self, msg: p.RestorePartitions, conn: Connection) -> list:
         """Restore partitions this node owns, or is about to own (failover)."""
         checkpoints = self._checkpoints()
         stats = []
@@ -283,7 +336,7 @@ class Node:
             self.gate.ownership.freeze(pid)  # writes wait while the partition is replaced
             try:
                 stats += [s.to_dict() for s in await checkpoints.restore(msg.checkpoint, [pid], msg.base)]
-                self.replication.diverged(pid)  # its backups hold another history: they catch up anew
+                self.replication.primaries.diverged(pid)  # its backups hold another history: they catch up anew
             finally:
                 self.gate.unfreeze(pid)
         log.info("node %s restored partitions %s from checkpoint %s", self.node_id, list(msg.partitions), msg.checkpoint)

@@ -1,66 +1,55 @@
 """A node's data handlers: writes, reads, scans, staged batches, counts.
 
-Each asks the gate (``gate.py``) whether this node may serve the partitions
+Each asks the gate (``ownership.py``) whether this node may serve the partitions
 at the request's epoch, waiting while one is frozen for a write, then hands
 the request to the store in one call. On a replicated partition, it answers
-once the partition's backups acknowledged what it holds (``replication.py``):
+once the partition's backups acknowledged what it holds (``replication/primary.py``):
 so nothing answered, written or read, is lost with the primary.
 """
 
 from __future__ import annotations
+
+from typing import Awaitable, Callable, Iterable
 
 from ...errors import ProtocolError
 from ...ops import DELETE_MANY, PUT_MANY
 from ...store import StateSpec, Store, staging
 from ...store.store import not_bytes
 from .. import protocol as p
+from .metrics import RequestFigures
 from .ownership import Gate
-from .metrics import NodeMetrics
 
 
 class DataHandlers:
-    def __init__(self, gate: Gate, metrics: NodeMetrics) -> None:
-        self.gate, self.metrics = gate, metrics
-        self.store: Store = None  # type: ignore[assignment] -- the node opens it once registered
-        self.acknowledged = _at_once  # replication.NodeReplication.acknowledged(pids)
-        self.backup_copy = lambda pid: False  # whether this node holds a backup copy of pid (stale reads)
-        self.handlers = {
-            p.Write: self.write,
-            p.CompareAndSet: self.compare_and_set,
-            p.Read: self.read,
-            p.Scan: self.scan,
-            p.ScanMany: self.scan_many,
-            p.Stage: self.stage,
-            p.StageDone: self.stage_done,
-            p.AdvanceBatches: self.advance_batches,
-            p.FinishTask: self.finish_task,
-            p.Seal: self.seal,
-            p.NodeStats: self.stats,
-            p.NodeCount: self.count,
-            p.NodeDefineState: self.define_state,
-        }
+    def __init__(self, gate: Gate, figures: RequestFigures, store_of: Callable[[], Store],
+                 acknowledged: Callable[[Iterable[int]], Awaitable[None]], backup_copy: Callable[[int], bool]) -> None:
+        """``store_of()``: the store, open once the node registered; ``acknowledged(pids)``: returns once the
+        partitions' backups applied what they hold (replication's); ``backup_copy(pid)``: whether this node holds a
+        backup copy of ``pid`` (stale reads)."""
+        self.gate, self.figures, self._store = gate, figures, store_of
+        self.acknowledged, self.backup_copy = acknowledged, backup_copy
 
-    async def _writable(self, msg) -> list:
+    async def _writable(self, msg: p.Write | p.CompareAndSet | p.Stage | p.StageDone | p.AdvanceBatches | p.FinishTask | p.Seal) -> list:
         """The request's groups, once none of its partitions is frozen and all are ours."""
         pids = await self.gate.writable([pid for pid, _ in _groups(msg)], msg.epoch)
         return [(pid, body) for pid, (_, body) in zip(pids, msg.groups)]
 
-    async def write(self, msg: p.Write, conn) -> None:
+    async def write(self, msg: p.Write, conn: object) -> None:
         groups = await self._writable(msg)
-        for (_, ops), applied in zip(groups, self.store.write_groups(groups, msg.request)):
+        for (_, ops), applied in zip(groups, self._store().write_groups(groups, msg.request)):
             if applied:
-                self.metrics.requests.keys_written += sum(len(op[2]) if op[0] in (PUT_MANY, DELETE_MANY) else 1 for op in ops)
+                self.figures.keys_written += sum(len(op[2]) if op[0] in (PUT_MANY, DELETE_MANY) else 1 for op in ops)
         await self.acknowledged([pid for pid, _ in groups])
 
-    async def compare_and_set(self, msg: p.CompareAndSet, conn) -> list:
+    async def compare_and_set(self, msg: p.CompareAndSet, conn: object) -> list:
         groups = await self._writable(msg)
-        return await self._acknowledged(groups, self.store.compare_and_set_groups(groups, msg.request))
+        return await self._acknowledged(groups, self._store().compare_and_set_groups(groups, msg.request))
 
-    async def _acknowledged(self, groups: list, answer):
+    async def _acknowledged(self, groups: list, answer: object) -> object:
         await self.acknowledged([pid for pid, _ in groups])
         return answer
 
-    async def read(self, msg: p.Read, conn) -> list:
+    async def read(self, msg: p.Read, conn: object) -> list:
         if msg.backup and all(self.backup_copy(pid) for pid, _ in _groups(msg)):
             groups = list(msg.groups)  # a stale read, from this node's backup copies
         else:
@@ -69,17 +58,18 @@ class DataHandlers:
         for pid, keys in groups:
             if type(keys) is not list:
                 raise ProtocolError(f"keys of partition {pid} in a 'read' message must be a list of bytes, not {type(keys).__name__}")
-        self.metrics.requests.keys_read += sum(len(keys) for _, keys in groups)
+        self.figures.keys_read += sum(len(keys) for _, keys in groups)
+        store = self._store()
         try:
-            return [self.store.get_many(pid, msg.state, keys) for pid, keys in groups]
+            return [store.get_many(pid, msg.state, keys) for pid, keys in groups]
         except (KeyError, TypeError, ValueError) as e:
             raise not_bytes(e, "keys of a 'read' message")
 
-    async def scan(self, msg: p.Scan, conn) -> list:
+    async def scan(self, msg: p.Scan, conn: object) -> object:
         pid = self.gate.check(msg.partition, msg.epoch)
-        return await self._acknowledged([(pid, None)], self.store.scan(pid, msg.state, msg.prefix, msg.after, msg.limit))
+        return await self._acknowledged([(pid, None)], self._store().scan(pid, msg.state, msg.prefix, msg.after, msg.limit))
 
-    async def scan_many(self, msg: p.ScanMany, conn) -> list:
+    async def scan_many(self, msg: p.ScanMany, conn: object) -> list:
         groups = [(self.gate.check(pid, msg.epoch), page) for pid, page in _groups(msg)]
         for pid, page in groups:
             if type(page) is not list or len(page) != 4 or type(page[3]) is not int or not 1 <= page[3] <= p.MAX_SCAN_LIMIT:
@@ -87,7 +77,8 @@ class DataHandlers:
                                     f"{p.MAX_SCAN_LIMIT}], not {page!r:.100}")
         await self.acknowledged([pid for pid, _ in groups])
         try:
-            scan = self.store.scan_columns if msg.columns else self.store.scan
+            store = self._store()
+            scan = store.scan_columns if msg.columns else store.scan
             pages = [scan(pid, msg.state, prefix, after, limit, stop) for pid, (prefix, after, stop, limit) in groups]
             return [p.page_columns(*page) for page in pages] if msg.columns else pages
         except (KeyError, TypeError, ValueError) as e:
@@ -95,51 +86,53 @@ class DataHandlers:
 
     # -- staged batches (exactly-once) ------------------------------------------------
 
-    async def stage(self, msg: p.Stage, conn) -> None:
+    async def stage(self, msg: p.Stage, conn: object) -> None:
         groups = await self._writable(msg)
-        self.store.check_ops(groups)  # now, not when applied: a bad staged op would fail every later batch
+        store = self._store()
+        store.check_ops(groups)  # now, not when applied: a bad staged op would fail every later batch
         for pid, ops in groups:
-            staging.stage(self.store.partition(pid), msg.query, msg.batch, msg.operator, msg.attempt, msg.seq, ops)
+            staging.stage(store.partition(pid), msg.query, msg.batch, msg.operator, msg.attempt, msg.seq, ops)
         await self.acknowledged([pid for pid, _ in groups])
 
-    async def stage_done(self, msg: p.StageDone, conn) -> None:
+    async def stage_done(self, msg: p.StageDone, conn: object) -> None:
         groups = await self._writable(msg)
+        store = self._store()
         for pid, pieces in groups:
-            staging.mark_done(self.store.partition(pid), msg.query, msg.batch, msg.operator, msg.attempt, pieces)
+            staging.mark_done(store.partition(pid), msg.query, msg.batch, msg.operator, msg.attempt, pieces)
         await self.acknowledged([pid for pid, _ in groups])
 
-    async def advance_batches(self, msg: p.AdvanceBatches, conn) -> list:
+    async def advance_batches(self, msg: p.AdvanceBatches, conn: object) -> object:
         groups = await self._writable(msg)
-        return await self._acknowledged(groups, [staging.advance(self.store.partition(pid), msg.query, msg.batch) for pid, _ in groups])
+        store = self._store()
+        return await self._acknowledged(groups, [staging.advance(store.partition(pid), msg.query, msg.batch) for pid, _ in groups])
 
-    async def finish_task(self, msg: p.FinishTask, conn) -> list:
+    async def finish_task(self, msg: p.FinishTask, conn: object) -> object:
         groups = await self._writable(msg)
+        store = self._store()
         return await self._acknowledged(groups, [staging.finish_task(
-            self.store.partition(pid), msg.query, msg.batch, msg.operator, msg.run, msg.task, msg.tasks, msg.pids, msg.failed)
+            store.partition(pid), msg.query, msg.batch, msg.operator, msg.run, msg.task, msg.tasks, msg.pids, msg.failed)
             for pid, _ in groups])
 
-    async def seal(self, msg: p.Seal, conn) -> list:
+    async def seal(self, msg: p.Seal, conn: object) -> object:
         groups = await self._writable(msg)
-        return await self._acknowledged(groups, [staging.seal(self.store.partition(pid), msg.query, msg.batch, msg.operator)
+        store = self._store()
+        return await self._acknowledged(groups, [staging.seal(store.partition(pid), msg.query, msg.batch, msg.operator)
                                                  for pid, _ in groups])
 
     # -- the coordinator's questions ----------------------------------------------------
 
-    async def stats(self, msg: p.NodeStats, conn) -> dict:
-        return self.store.stats(self.gate.ownership.owned())
+    async def stats(self, msg: p.NodeStats, conn: object) -> dict:
+        return self._store().stats(self.gate.ownership.owned())
 
-    async def count(self, msg: p.NodeCount, conn) -> int:
-        return sum(self.store.partition(pid).count(msg.state)[0] for pid in self.gate.ownership.owned())
+    async def count(self, msg: p.NodeCount, conn: object) -> int:
+        store = self._store()
+        return sum(store.partition(pid).count(msg.state)[0] for pid in self.gate.ownership.owned())
 
-    async def define_state(self, msg: p.NodeDefineState, conn) -> dict:
-        return self.store.define_state(StateSpec.from_dict(msg.spec)).to_dict()
-
-
-async def _at_once(pids) -> None:
-    """Unreplicated: a write is done once applied."""
+    async def define_state(self, msg: p.NodeDefineState, conn: object) -> dict:
+        return self._store().define_state(StateSpec.from_dict(msg.spec)).to_dict()
 
 
-def _groups(msg) -> list:
+def _groups(msg: p.Message) -> list:
     """The request's ``groups``, checked for shape; the gate checks each partition."""
     for group in msg.groups:
         if type(group) is not list or len(group) != 2 or type(group[0]) is not int:

@@ -1,60 +1,92 @@
 """A backup's side of a replicated partition: applying its primary's batches in order, and saying where it is.
 
-``BackupSide`` is the part of ``NodeReplication`` (replication.py, which has ``applies``, ``logs`` and
-``store``) that serves ``ReplicaApply`` and ``ReplicaPositions``; what each batch may do is decided by
-``control/write_acks.BackupApply`` (older replica epochs refused as ``stale``, gaps answered with the
-backup's position, a resend skipped).
+``Backups`` owns the backup copies this node holds and their tails; it serves
+``ReplicaApply`` and ``ReplicaPositions``. What each batch may do is decided by
+``control/write_acks.BackupApply`` (older replica epochs refused as ``stale``,
+gaps answered with the backup's position, a resend skipped). A new or returning
+backup gets its copy from ``copies.py``, which hands it over with ``adopt``.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
+from typing import Callable
 
+from ...control.write_acks import BackupApply
 from ...errors import ReplicaBehindError, RockstateError, StaleEpochError
+from ...store import Store
 from .. import protocol as p
+from .outcomes import Applied
 
 TAIL = 64  # batches every replica keeps past what its backups applied: a promoted one resends its tail from them
 INLINE_ITEMS = 64  # a backup applies up to this many on its loop, more in a thread
 
 
-class BackupSide:
-    """A part of ``NodeReplication``: the backup copies this node holds (``applies``) and their tails (``logs``)."""
+class Backups:
+    def __init__(self, store_of: Callable[[], Store]) -> None:
+        self._store_of = store_of
+        self._applies: dict[int, BackupApply] = {}  # partitions this node holds a caught-up backup copy of
+        self._tails: dict[int, deque[tuple[int, list]]] = {}  # pid -> its last TAIL batches (seq, stored ops)
 
-    async def apply(self, msg: p.ReplicaApply, conn) -> list:
+    def holds(self, pid: int) -> bool:
+        """Whether this node holds a backup copy of ``pid`` (it may serve stale reads from it)."""
+        return pid in self._applies
+
+    def adopt(self, pid: int, epoch: int, seq: int) -> None:
+        """A copy of ``pid`` at batch ``seq`` is open here (``copies.py``): apply its primary's batches from ``seq + 1``."""
+        self._applies[pid] = BackupApply(epoch, seq)
+
+    def configure(self, pid: int, epoch: int) -> None:
+        """A newer replica epoch from the table, for a copy held here."""
+        if pid in self._applies:
+            self._applies[pid].configure(epoch)
+
+    def forget(self, pid: int) -> bool:
+        """Stop applying to ``pid``'s copy (dropped, or replaced by a new one); whether one was held."""
+        self._tails.pop(pid, None)
+        return self._applies.pop(pid, None) is not None
+
+    def promoted(self, pid: int, seq: int) -> list[tuple[int, list]]:
+        """This node is ``pid``'s primary now, its copy at batch ``seq``: the copy's tail through ``seq`` (none if it
+        held no backup copy: a copy moved or restored in has another node's history)."""
+        tail = self._tails.pop(pid, ())
+        return [e for e in tail if e[0] <= seq] if self._applies.pop(pid, None) else []
+
+    # -- handlers ---------------------------------------------------------------------
+
+    async def apply(self, msg: p.ReplicaApply, conn: object) -> list:
         if len(msg.items) <= INLINE_ITEMS:  # the steady stream: a thread hop would cost more than the writes
             return self._apply(msg.items)
         return await asyncio.to_thread(self._apply, msg.items)  # off the loop: a catching-up backup gets thousands
 
     def _apply(self, items: list) -> list:
         answers: dict[int, list] = {}
+        store = self._store_of()
         for pid, epoch, seq, stored in items:
-            backup = self.applies.get(pid)
+            backup = self._applies.get(pid)
             if backup is None:
-                answers[pid] = [pid, 0, "not_ready"]
+                answers[pid] = [pid, 0, Applied.NOT_READY]
                 continue
-            if answers.get(pid, [0, 0, "ok"])[2] != "ok":
+            if answers.get(pid, [0, 0, Applied.OK])[2] != Applied.OK:
                 continue
             if stored is None:  # the primary asks where this copy is
-                answers[pid] = [pid, backup.last_applied, "ok"]
+                answers[pid] = [pid, backup.last_applied, Applied.OK]
                 continue
             try:
                 if backup.check(epoch, seq):
-                    self.store.partition(pid).apply_replicated(seq, stored)
+                    store.partition(pid).apply_replicated(seq, stored)
                     backup.applied(seq)
-                    self.logs.setdefault(pid, deque(maxlen=TAIL)).append((seq, stored))
-                status = "ok"
+                    self._tails.setdefault(pid, deque(maxlen=TAIL)).append((seq, stored))
+                status = Applied.OK
             except StaleEpochError:
-                status = "stale"
+                status = Applied.STALE
             except ReplicaBehindError:
-                status = "behind"
+                status = Applied.BEHIND
             except RockstateError:  # its copy closed meanwhile (dropped, replaced)
-                status = "not_ready"
+                status = Applied.NOT_READY
             answers[pid] = [pid, backup.last_applied, status]
         return list(answers.values())
 
-    async def positions(self, msg: p.ReplicaPositions, conn) -> dict:
-        return {pid: self.applies[pid].last_applied for pid in msg.partitions if pid in self.applies}
-
-    def backup_copy(self, pid: int) -> bool:
-        return pid in self.applies
+    async def positions(self, msg: p.ReplicaPositions, conn: object) -> dict:
+        return {pid: self._applies[pid].last_applied for pid in msg.partitions if pid in self._applies}

@@ -1,0 +1,349 @@
+"""The primary's side of its replicated partitions: their logs, what each backup applied, and the writes waiting on it.
+
+Every write to a partition this node is primary of goes through
+``Partition.write``, which stores the batch with its sequence number and hands
+it, as stored, to ``shipped`` under the partition's lock: the batch joins the
+partition's log in the order it was applied, whatever made it (a client's
+write or compare-and-set, a staged batch, a commit, a request id, a TTL
+deletion). ``shipped`` wakes the sender of each backup node (``sender.py``),
+which asks ``outgoing`` for what the logs hold past the backup's position and
+hands its answers to ``answered``; those feed each partition's ``PrimaryAcks``
+(``control/write_acks.py``). A data handler answers its client only once
+``acknowledged``: every backup the primary waits for applied the partition's
+batches so far (``sync``; ``async`` answers at once). Reads wait the same way,
+so nothing read can be lost.
+
+``Primaries`` is the one owner of this state; the sender, the copies and the
+node call it by the methods below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from typing import Callable, Iterable, NamedTuple
+
+from ...control.write_acks import PrimaryAcks
+from ...errors import PartitionUnavailableError, RockstateError
+from ...ops import RAW_PUT
+from ...store import Store
+from ...store.partition import REPLICATION, Partition
+from .backup import TAIL
+from .outcomes import Applied, Report
+
+log = logging.getLogger(__name__)
+
+MAX_LOG = 200_000  # batches a primary keeps for a backup behind; one further behind catches up anew
+MAX_ITEMS_BYTES = 8 << 20  # per ReplicaApply, roughly
+MAX_ITEMS = 2000  # batches per ReplicaApply
+
+Entry = tuple[int, list]  # (seq, stored ops)
+
+
+class Outgoing(NamedTuple):
+    items: list  # [[pid, replica epoch, seq, stored ops or None (a probe)], ...]
+    carried: dict[int, int]  # pid -> the log's end it carries, for the partitions it carries whole
+
+
+def stored_bytes(stored: list) -> int:
+    """Roughly what a stored batch weighs on the wire: its keys and values (a list's items too)."""
+    size = 0
+    for op in stored:
+        for part in op[2:]:
+            if isinstance(part, (bytes, bytearray, memoryview)):
+                size += len(part)
+            elif isinstance(part, (list, tuple)):
+                size += sum(len(x) for x in part if x is not None) + 8 * len(part)
+        size += 32
+    return size
+
+
+def _under_lock(part: Partition, action: Callable[[], None]) -> None:
+    with part.lock:
+        action()
+
+
+class Primaries:
+    def __init__(self, store_of: Callable[[], Store], report: Callable[[int, str, Report], None],
+                 again: Callable[[int, str, Report], None], timeout: Callable[[], float]) -> None:
+        """``report(pid, backup, kind)`` tells the coordinator (at most once a replica timeout; ``again``: now);
+        ``timeout()``: the table's replica timeout."""
+        self._store_of, self._report, self._again, self._timeout = store_of, report, again, timeout
+        self._acks: dict[int, PrimaryAcks] = {}
+        self._backups: dict[int, tuple[str, ...]] = {}  # pid -> its backups in the newest table
+        self._mode = "sync"  # the table's replication
+        self._logs: dict[int, deque[Entry]] = {}  # pid -> its batches, oldest first
+        self._shipped_to: dict[int, int] = {}  # pid -> the last batch in its log
+        self._sent: dict[tuple[str, int], int] = {}  # (backup, pid) -> its position as the primary knows it
+        self._waiters: dict[int, list[tuple[int, asyncio.Future]]] = {}
+        self._wake: dict[str, asyncio.Event] = {}  # backup node -> its sender's
+        self._dirty: dict[str, set[int]] = {}  # backup node -> partitions with batches for it since its last send
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+
+    def serves(self, pid: int, backup: str | None = None) -> bool:
+        """Whether this node is ``pid``'s primary (with ``backup`` among its backups)."""
+        return pid in self._acks and (backup is None or backup in self._backups[pid])
+
+    def pids(self) -> list[int]:
+        return list(self._acks)
+
+    def backup_nodes(self) -> set[str]:
+        return {b for pid in self._acks for b in self._backups[pid]}
+
+    def sender(self, node: str) -> asyncio.Event:
+        """The event that wakes ``node``'s sender, made once per node."""
+        return self._wake.setdefault(node, asyncio.Event())
+
+    def on_loop(self) -> None:
+        """On the node's loop, before any partition is shipped: the loop ``shipped`` posts to from other threads."""
+        self._loop, self._loop_thread = asyncio.get_running_loop(), threading.get_ident()
+
+    # -- roles ------------------------------------------------------------------------
+
+    def lead(self, pid: int, epoch: int, backups: tuple[str, ...], in_sync: tuple[str, ...], mode: str,
+             tail_of: Callable[[int, int], list[Entry]]) -> None:
+        """Be (or stay) ``pid``'s primary at replica ``epoch``; new, its log starts from ``tail_of(pid, seq)``: a
+        promoted backup's tail, through the copy's last batch ``seq``."""
+        self._backups[pid], self._mode = backups, mode
+        acks = self._acks.get(pid)
+        if acks is None:  # new, or promoted from backup
+            part = self._store_of().partition(pid)
+            part.backup, seq = False, part.seq()
+            tail = tail_of(pid, seq)
+            self._acks[pid] = acks = PrimaryAcks(epoch - 1, dict.fromkeys(in_sync, seq), seq, mode)
+            acks.configure(epoch, backups, in_sync)  # the backups catching up too
+            for b in in_sync:
+                self._sent[b, pid] = seq  # a backup behind answers with its position
+            self._logs[pid] = deque(tail)  # unbounded from now on
+            self._shipped_to[pid] = seq
+            part.shipper = self.shipped
+            log.info("primary of partition %d at batch %d, replica epoch %d, backups %s", pid, seq, epoch, list(backups))
+        else:
+            self._resolve(pid, acks.configure(epoch, backups, in_sync))
+        for b in backups:
+            if b in self._wake:
+                self._wake[b].set()
+
+    def step_down(self, pid: int) -> None:
+        """No longer ``pid``'s primary: its log and positions go (another history than a copy held next), its
+        waiting writes fail."""
+        del self._acks[pid]
+        self._backups.pop(pid, None)
+        try:
+            self._store_of().partition(pid).shipper = None
+        except RockstateError:
+            pass
+        self._logs.pop(pid, None)
+        self._shipped_to.pop(pid, None)
+        for key in [k for k in self._sent if k[1] == pid]:
+            del self._sent[key]
+        for _, fut in self._waiters.pop(pid, []):
+            if not fut.done():
+                fut.set_exception(PartitionUnavailableError(f"partition {pid} has a new primary; retry", partition=pid))
+
+    def diverged(self, pid: int) -> None:
+        """The primary's copy was replaced (a restore): its backups no longer hold a prefix of it; they catch up anew."""
+        acks = self._acks.pop(pid, None)
+        if acks is None:
+            return
+        seq = self._store_of().partition(pid).seq()
+        backups = self._backups[pid]
+        self._acks[pid] = PrimaryAcks(acks.epoch - 1, dict.fromkeys(acks.in_sync, 0), seq, self._mode)
+        self._acks[pid].configure(acks.epoch, backups, acks.in_sync)  # waits until the coordinator drops them
+        self._logs[pid], self._shipped_to[pid] = deque(), seq
+        for b in backups:
+            self._sent.pop((b, pid), None)
+            self._again(pid, b, Report.DIVERGED)
+
+    async def resync(self, pid: int) -> None:
+        """The primary's copy changed outside its batches (an SST ingest): its backups catch up anew, and this
+        returns once the coordinator no longer counts them in sync (or they caught up)."""
+        if pid not in self._acks:
+            return
+        self.diverged(pid)
+        self._store_of().partition(pid).write([(RAW_PUT, REPLICATION, b"resync", b"")])  # a batch only a new copy holds
+        await self.acknowledged([pid])
+
+    async def drained(self, pid: int) -> int:
+        """A frozen partition handed to a backup: its own sweeps stop (they write); answers its last batch once every
+        backup it waits for applied it."""
+        if pid not in self._acks:
+            raise PartitionUnavailableError(f"this node is not partition {pid}'s primary", partition=pid)
+        part = self._store_of().partition(pid)
+        await asyncio.to_thread(_under_lock, part, lambda: setattr(part, "backup", True))  # a sweep's write ends first
+        await self.acknowledged([pid])
+        return part.seq()
+
+    def resumed(self, pid: int) -> None:
+        """A drain undone: the primary's sweeps go on."""
+        if pid in self._acks:
+            self._store_of().partition(pid).backup = False
+
+    def stop(self) -> None:
+        for wake in self._wake.values():
+            wake.set()
+        for pid in list(self._acks):
+            self.step_down(pid)
+
+    # -- the write path ------------------------------------------------------------------
+
+    def shipped(self, pid: int, seq: int, stored: list) -> None:
+        """``Partition.shipper``: from ``Partition.write``, under the partition's lock (on any thread)."""
+        entries = self._logs.get(pid)
+        if entries is None:
+            return  # it stopped being the primary as this write went through
+        entries.append((seq, stored))
+        self._shipped_to[pid] = seq
+        if threading.get_ident() == self._loop_thread:
+            self._queued(pid)
+        else:
+            self._loop.call_soon_threadsafe(self._queued, pid)
+
+    def _queued(self, pid: int) -> None:
+        """The log's new batches counted sent, and the senders of the partition's backups woken."""
+        acks = self._acks.get(pid)
+        if acks is None:
+            return
+        now = time.monotonic()
+        while acks.last_sent < self._shipped_to[pid]:
+            acks.send(now)
+        self._resolve(pid, [])  # async: acknowledged when sent
+        for b in self._backups[pid]:
+            if b in self._wake:
+                self._dirty.setdefault(b, set()).add(pid)
+                self._wake[b].set()
+
+    async def acknowledged(self, pids: Iterable[int]) -> None:
+        """Once every backup the primary waits for applied the batches of ``pids`` so far."""
+        for pid in pids:
+            acks = self._acks.get(pid)
+            if acks is None:
+                continue
+            self._queued(pid)
+            seq = self._shipped_to[pid]
+            if acks.acked >= seq:
+                continue
+            fut = asyncio.get_running_loop().create_future()
+            self._waiters.setdefault(pid, []).append((seq, fut))
+            try:
+                await asyncio.wait_for(fut, 4 * self._timeout() + 5.0)
+            except TimeoutError:
+                raise PartitionUnavailableError(
+                    f"partition {pid}'s backups have not applied its batch {seq}; retry", partition=pid) from None
+
+    def _resolve(self, pid: int, newly: list) -> None:
+        acks, waiting = self._acks.get(pid), self._waiters.get(pid)
+        if acks is None or not waiting:
+            return
+        keep = []
+        for seq, fut in waiting:
+            if fut.done():
+                continue
+            if acks.acked >= seq:
+                fut.set_result(None)
+            else:
+                keep.append((seq, fut))
+        self._waiters[pid] = keep
+
+    # -- a backup's copy (copies.py) ---------------------------------------------------------
+
+    def copied(self, node: str, pid: int, seq: int) -> None:
+        """Under the write lock, as a copy for backup ``node`` is taken at batch ``seq``: the batches after it are
+        the ones shipped to it."""
+        self._sent[node, pid] = seq
+
+    # -- for a backup node's sender (sender.py) -------------------------------------------------
+
+    def pending(self, node: str) -> bool:
+        return bool(self._dirty.get(node))
+
+    def outgoing(self, node: str, full: bool) -> Outgoing:
+        """What to send ``node`` next: the batches past its position of the partitions written since its last send;
+        ``full``: of all it backs, with reports of its lags and probes of idle copies, and the logs trimmed."""
+        now, items, size, carried = time.monotonic(), [], 0, {}
+        dirty = self._dirty.pop(node, set())
+        pids = [pid for pid in (self._acks if full else dirty) if pid in self._acks and node in self._backups[pid]]
+        for pid in pids:
+            acks = self._acks[pid]
+            start = self._sent.get((node, pid))
+            if full:
+                if node in acks.overdue(now, self._timeout()):
+                    self._report(pid, node, Report.UNREACHABLE)
+                    self._resolve(pid, [])  # a late joining backup is waited for no more
+                if node in acks.reported:  # until the coordinator's table has it in sync (a report may have crossed a change)
+                    self._report(pid, node, Report.CAUGHT_UP)
+                if start is None and node in acks.in_sync:
+                    self._report(pid, node, Report.DIVERGED)  # its copy is not this primary's any more (a restore, an ingest)
+            if start is None:
+                continue
+            if size > MAX_ITEMS_BYTES or len(items) >= MAX_ITEMS:
+                self._dirty.setdefault(node, set()).add(pid)  # the rest next time
+                continue
+            entries = self._log_after(pid, start)
+            if entries is None:
+                self._report(pid, node, Report.UNREACHABLE)  # too far behind: it catches up anew
+                continue
+            for seq, stored in entries:
+                if items and (size > MAX_ITEMS_BYTES or len(items) >= MAX_ITEMS):
+                    self._dirty.setdefault(node, set()).add(pid)  # the rest next time (a backup applies a partition's batches in order)
+                    break
+                items.append([pid, acks.epoch, seq, stored])
+                size += stored_bytes(stored)
+            else:  # the whole log past its position: applying it, the backup is one request behind at most
+                carried[pid] = entries[-1][0] if entries else start
+            if full and not entries:  # a probe: is its copy open, is it caught up? (an idle in-sync backup's node
+                items.append([pid, acks.epoch, 0, None])  # may have restarted: nothing else would find out)
+        if full:
+            self._trim(pids)
+        return Outgoing(items, carried)
+
+    def unreachable(self, node: str, pids: Iterable[int]) -> None:
+        for pid in pids:
+            self._report(pid, node, Report.UNREACHABLE)
+
+    def answered(self, node: str, replies: list, carried: dict[int, int]) -> None:
+        """``node``'s answers to a ``ReplicaApply``: [[pid, last applied, status], ...]."""
+        for pid, applied, status in replies:
+            acks = self._acks.get(pid)
+            if acks is None:
+                continue
+            if status == Applied.NOT_READY:  # it holds no open copy (a restarted node): no stream brings it back, a copy does
+                self._report(pid, node, Report.DIVERGED)
+                continue
+            self._sent[node, pid] = applied  # behind: resent from there
+            if applied < self._shipped_to.get(pid, 0):
+                self._dirty.setdefault(node, set()).add(pid)
+            self._resolve(pid, acks.applied(node, applied))
+            if node not in acks.in_sync and status == Applied.OK and acks.caught_up(node, carried.get(pid)):
+                self._report(pid, node, Report.CAUGHT_UP)
+            elif node not in acks.in_sync:
+                log.debug("backup %s of partition %d: %s at %d of %d (acked %d, joining %s)", node, pid, status, applied,
+                          acks.last_sent, acks.acked, sorted(acks.joining))
+        if self._dirty.get(node):
+            self._wake[node].set()  # more queued meanwhile
+
+    def _log_after(self, pid: int, seq: int) -> list[Entry] | None:
+        entries = self._logs[pid]
+        if not entries or entries[-1][0] <= seq:
+            return []
+        if entries[0][0] > seq + 1:
+            return None
+        after = []
+        for e in reversed(entries):  # from the newest: the log keeps a tail of applied batches before them
+            if e[0] <= seq:
+                break
+            after.append(e)
+        after.reverse()
+        return after
+
+    def _trim(self, pids: Iterable[int]) -> None:
+        for pid in pids:
+            entries = self._logs[pid]
+            known = [self._sent[b, pid] for b in self._backups[pid] if (b, pid) in self._sent]
+            floor = min(known, default=self._shipped_to[pid])
+            while len(entries) > MAX_LOG or (len(entries) > TAIL and entries[0][0] <= floor):
+                entries.popleft()
