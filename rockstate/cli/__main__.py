@@ -1,0 +1,5 @@
+"""``python -m rockstate.cli``: the ``rockstate`` command."""
+
+from . import main
+
+main()
