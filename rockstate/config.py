@@ -145,7 +145,9 @@ def validate(model: type[M], values: dict[str, Any]) -> M:
 class SecurityConfig(Settings):
     """The cluster's shared secret and TLS files (a coordinator's, a node's)."""
 
-    secret_file: str | None = Field(None, description="file holding the cluster's shared secret (or set ROCKSTATE_SECRET)")
+    secret_file: str | None = Field(None, description="file holding the cluster's secret, one per line (or set ROCKSTATE_SECRET): the node credential, and every role's when client_secret_file and admin_secret_file are not set; the first line is presented, every line accepted (two during a rotation)")
+    client_secret_file: str | None = Field(None, description="file holding the clients' secrets, one per line (data, states, checkpoints; not node-to-node nor admin operations); None: the node secret is the clients' too")
+    admin_secret_file: str | None = Field(None, description="file holding the administrators' secrets, one per line (restore, making a node leave); None: the node secret is the administrators' too")
     tls_cert_file: str | None = Field(None, description="PEM certificate this process presents (enables TLS)")
     tls_key_file: str | None = Field(None, description="PEM private key of tls_cert_file")
     tls_ca_file: str | None = Field(None, description="PEM CA bundle that peers' certificates must chain to")
@@ -177,7 +179,8 @@ class CoordinatorConfig(Settings):
 
     flat: ClassVar = {"checkpoints": ("checkpoints", "url"), "checkpoint_interval": ("checkpoints", "interval"),
                       "retained_checkpoints": ("checkpoints", "retained"), "checkpoint_timeout": ("checkpoints", "timeout"),
-                      "cluster_name": ("checkpoints", "cluster"), **_SECURITY}
+                      "cluster_name": ("checkpoints", "cluster"), "accept_unsigned_checkpoints": ("checkpoints", "accept_unsigned"),
+                      **_SECURITY}
 
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(7700, ge=0, le=65535, description="port to listen on (0: any free port)")

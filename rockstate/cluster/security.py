@@ -1,7 +1,13 @@
-"""The cluster secret and TLS contexts, from config.
+"""The cluster's secrets and TLS contexts, from config.
 
-The secret authenticates every connection by challenge-response (see
-``rpc/auth.py``): it never crosses the wire and is never logged. TLS is on
+The secrets authenticate every connection by challenge-response, both ways
+(see ``rpc/auth.py``): they never cross the wire and are never logged. The
+node secret (``secret_file``) is what coordinators and nodes present and
+accept from each other; ``client_secret_file`` and ``admin_secret_file``
+give clients and administrators credentials of their own (docs/security.md).
+Each file holds one secret per line: the first is presented, every one is
+accepted, so a secret is rotated without downtime by adding the new one as a
+second line everywhere, then making it the first, then removing the old. TLS is on
 when a certificate is configured; clients check the server's certificate
 against the CA file, and a client certificate, when sent, must chain to it
 too. Clients need no certificate: they prove themselves with the secret.
@@ -15,23 +21,30 @@ from dataclasses import dataclass
 
 from ..config import SecurityConfig
 from ..errors import ConfigError
+from ..rpc.auth import NODE, Credentials
 
 SECRET_ENV = "ROCKSTATE_SECRET"
 
 
-def load_secret(secret_file: str | None) -> bytes | None:
-    """The secret from ``secret_file``, else from $ROCKSTATE_SECRET, else None (no authentication)."""
+def load_secrets(secret_file: str | None, env: str | None = SECRET_ENV, what: str = "secret_file") -> list[bytes]:
+    """The secrets in ``secret_file``, one per line (blank lines skipped), else $``env``'s, else none."""
     if secret_file:
         try:
             with open(secret_file, "rb") as f:
-                secret = f.read().strip()
+                secrets = [line.strip() for line in f.read().splitlines() if line.strip()]
         except OSError as e:
-            raise ConfigError(f"cannot read secret_file {secret_file!r}: {e.strerror}") from None
-        if not secret:
-            raise ConfigError(f"secret_file {secret_file!r} is empty")
-        return secret
-    env = os.environ.get(SECRET_ENV)
-    return env.encode() if env else None
+            raise ConfigError(f"cannot read {what} {secret_file!r}: {e.strerror}") from None
+        if not secrets:
+            raise ConfigError(f"{what} {secret_file!r} is empty")
+        return secrets
+    value = os.environ.get(env) if env else None
+    return [value.encode()] if value else []
+
+
+def load_secret(secret_file: str | None) -> bytes | None:
+    """The secret this process presents: the first in ``secret_file``, else $ROCKSTATE_SECRET, else None (no authentication)."""
+    secrets = load_secrets(secret_file)
+    return secrets[0] if secrets else None
 
 
 @dataclass(frozen=True)
@@ -44,18 +57,28 @@ class Security:
 
     @property
     def checkpoint_keys(self) -> tuple[bytes, ...]:
-        """Keys of the checkpoints' HMAC (derived from the node secret, never stored in the bucket); none without a secret."""
+        """Keys of the checkpoints' HMAC, one per node secret (the first signs): derived from the node secret, never
+        stored in the bucket; none without a secret."""
         from ..checkpoint.manifest import checkpoint_key
 
-        return (checkpoint_key(self.secret),) if self.secret else ()
+        if not self.secret:
+            return ()
+        nodes = [s for s, roles in getattr(self.secret, "accepted", ((bytes(self.secret), {NODE}),)) if NODE in roles]
+        first = bytes(self.secret)
+        return tuple(checkpoint_key(s) for s in [first] + [s for s in nodes if s != first])
 
     def __repr__(self) -> str:  # never show the secret
         return f"Security(secret={'set' if self.secret else 'none'}, tls={self.server_ssl is not None or self.client_ssl is not None})"
 
     @classmethod
     def from_config(cls, config: SecurityConfig) -> "Security":
+        node = load_secrets(config.secret_file)
+        client = load_secrets(config.client_secret_file, None, "client_secret_file")
+        admin = load_secrets(config.admin_secret_file, None, "admin_secret_file")
+        if (client or admin) and not node:
+            raise ConfigError("client_secret_file and admin_secret_file need a node secret too (secret_file or ROCKSTATE_SECRET)")
         return cls(
-            load_secret(config.secret_file),
+            Credentials.of(node, client, admin) if node else None,
             server_context(config.tls_cert_file, config.tls_key_file, config.tls_ca_file),
             client_context(config.tls_ca_file, config.tls_cert_file, config.tls_key_file),
         )

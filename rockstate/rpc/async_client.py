@@ -107,9 +107,12 @@ class AsyncChannel:
                 writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, UNACKNOWLEDGED_MS)
                 writer.write(MAGIC)
                 reply = await self._handshake_step(reader, writer, _hello(self.name), greeting=min(timeout, GREETING_TIMEOUT))
+                challenge = proof = None
                 if isinstance(reply, Challenge):
-                    reply = await self._handshake_step(reader, writer, auth.answer(self._secret, reply))
+                    challenge, proof = reply, auth.answer(self._secret, reply)
+                    reply = await self._handshake_step(reader, writer, proof)
                 _welcomed(reply)
+                auth.check_welcome(self._secret, challenge, proof, reply)
         except BaseException as e:
             if writer is not None:
                 writer.close()

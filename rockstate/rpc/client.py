@@ -108,9 +108,12 @@ class _Connection:
         self._ids = itertools.count()
         try:
             reply = self._greet(_hello(name), timeout)
+            challenge = proof = None
             if isinstance(reply, Challenge):
-                reply = self.call(auth.answer(secret, reply), timeout)
+                challenge, proof = reply, auth.answer(secret, reply)
+                reply = self.call(proof, timeout)
             _welcomed(reply)
+            auth.check_welcome(secret, challenge, proof, reply)
         except BaseException:
             self.close()
             raise

@@ -53,6 +53,7 @@ class Message:
     """Base of every request and reply message; see the module docstring."""
 
     op: ClassVar[str]
+    roles: ClassVar[frozenset[str] | None] = None  # roles (rpc.auth) a caller needs; None: any authenticated caller
     _types: ClassVar[dict[str, tuple[type, ...] | None]]
     _required: ClassVar[frozenset[str]]
 
@@ -130,11 +131,19 @@ class Challenge(Message):
 class Proof(Message):
     op = "proof"
     digest: bytes
+    nonce: bytes | None = None  # the client's own challenge to the server (None: an older client)
 
 
 class Welcome(Message):
     op = "welcome"
     name: str
+    proof: bytes | None = None  # the server's answer to the client's nonce (see ``auth``)
+
+    def to_wire(self) -> dict:  # an older client knows no proof field: sent only when there is one
+        wire = super().to_wire()
+        if self.proof is None:
+            del wire["proof"]
+        return wire
 
 
 # -- envelopes ---------------------------------------------------------------

@@ -43,6 +43,7 @@ from typing import Any
 from ..errors import (
     AuthenticationError,
     ClusterTimeoutError,
+    PermissionDeniedError,
     FrameTruncatedError,
     ProtocolError,
     ProtocolVersionError,
@@ -63,6 +64,7 @@ class Connection:
 
     peer: str  # the name the caller gave in its Hello
     address: str  # "host:port" of the caller's socket
+    roles: frozenset[str] = auth.ROLES  # what the caller's secret grants (every role on a server without secrets)
 
 
 Handler = Callable[[Any, Connection], Awaitable[Any]]
@@ -196,6 +198,10 @@ class Server:
         timer = None if deadline is None else asyncio.timeout(deadline)
         try:
             msg = Message.from_wire(wire)
+            if msg.roles is not None and conn.roles.isdisjoint(msg.roles):
+                raise PermissionDeniedError(
+                    f"{msg.op!r} needs the {' or '.join(sorted(msg.roles))} credential; this connection's grants"
+                    f" {', '.join(sorted(conn.roles)) or 'nothing'}", op=msg.op, needs=sorted(msg.roles))
             handler = self._handlers.get(msg.op)
             if handler is None:
                 raise UnknownOperationError(f"server {self.name!r} has no handler for {msg.op!r}", op=msg.op)
@@ -417,8 +423,9 @@ class _Serving(asyncio.Protocol):
 
     def _handshake(self, rid: int, wire: dict) -> None:
         server = self._server
+        roles, proof = auth.ROLES, None
         if self._challenge is not None:
-            auth.check(server._secret, self._challenge, wire)
+            roles, proof = auth.check(server._secret, self._challenge, wire)  # type: ignore[arg-type]
         else:
             if wire.get("op") != Hello.op:
                 raise ProtocolError(f"expected {Hello.op!r} first, got {wire.get('op')!r}")
@@ -433,10 +440,10 @@ class _Serving(asyncio.Protocol):
                 self._challenge = auth.new_challenge()
                 self._write(encode(reply(rid, self._challenge)))
                 return
-        self._conn = Connection(peer=self._peer, address=self._address)
+        self._conn = Connection(peer=self._peer, address=self._address, roles=roles)
         server._unwelcomed.pop(self, None)
         self._since = time.monotonic()
-        self._write(encode(reply(rid, Welcome(name=server.name))))
+        self._write(encode(reply(rid, Welcome(name=server.name, proof=proof))))
 
     # -- requests ----------------------------------------------------------
 

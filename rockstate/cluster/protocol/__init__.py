@@ -17,3 +17,4 @@ from .base import I64, MAX_SCAN_LIMIT, U32, U64  # noqa: F401
 from .coordinator import *  # noqa: F401,F403 -- every message class, as protocol.<Name>
 from .data import *  # noqa: F401,F403
 from .node import *  # noqa: F401,F403
+from . import roles as _roles  # noqa: E402,F401 -- every message class gets the roles it needs
