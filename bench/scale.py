@@ -1,0 +1,190 @@
+"""Scale: what the same work costs as the partition count P (and the node count) grows (issue 33).
+
+One run, side by side: for each P in BENCH_SCALE_P (16, 128, 271, 1024) a multi-process
+``LocalCluster`` of 3 nodes with the default backup (``backup_count=1``, sync) and file
+checkpoints, heartbeat_timeout 3 s; KEYS (``--keys``, default 50,000) 36-character UUID
+string keys with 100-byte values, written and read in batches of 5,000:
+
+- start-up: from ``LocalCluster.start()`` until every partition is owned and its backup in sync;
+- batch put and batch get, keys/s (the median batch of each);
+- checkpoint: one full ``rs.checkpoint()``, seconds;
+- kill -> served: kill -9 of a node, seconds until one key of every partition it was primary of
+  reads its value again (a client retrying as users' do);
+- join -> balanced: a fourth node started, seconds until the table is balanced and every backup in sync.
+
+Each with its ratio to the smallest configuration (goal, issue 33: throughput >= 0.8x, times <= 2x).
+The floor: embedded (``rockstate.open``, one process, no network, no backups) put/get of the same
+keys at the same P. ``--nodes 3,8,16`` adds the node-count curve at P=1024 (start-up, put, get,
+checkpoint, kill, join, leave). Medians of one run on a shared 2-core machine: compare ratios
+within a run, not across runs.
+
+    .venv/bin/python bench/scale.py [--keys 50000] [--partitions 16,128,271,1024] [--nodes 3,8,16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from common import key_of, print_table  # noqa: E402
+
+import rockstate  # noqa: E402
+from rockstate.errors import RockstateError  # noqa: E402
+from rockstate.local.cluster import LocalCluster  # noqa: E402
+
+BATCH = 5000
+VALUE = os.urandom(100)
+HEARTBEAT = 3.0
+
+
+def _batches(keys: list) -> list[list]:
+    return [keys[s:s + BATCH] for s in range(0, len(keys), BATCH)]
+
+
+def _rates(fn, batches: list[list]) -> float:
+    """The median batch's keys/s of ``fn(batch)`` over every batch."""
+    rates = []
+    for batch in batches:
+        start = time.perf_counter()
+        fn(batch)
+        rates.append(len(batch) / (time.perf_counter() - start))
+    return statistics.median(rates)
+
+
+def embedded(root: str, partitions: int, keys: list) -> tuple[float, float]:
+    path = os.path.join(root, f"embedded-{partitions}")
+    try:
+        with rockstate.open(path, partitions=partitions) as rs:
+            state = rs.value_state("scale")
+            batches = _batches(keys)
+            put = _rates(lambda b: state.put_many(dict.fromkeys(b, VALUE)), batches)
+            get = _rates(lambda b: state.get_many(b), batches)
+            return put, get
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def cluster_run(root: str, partitions: int, nodes: int, keys: list, leave: bool = False) -> dict:
+    """One configuration's row: every measure, seconds or keys/s."""
+    row: dict = {}
+    path = os.path.join(root, f"p{partitions}-n{nodes}")
+    c = LocalCluster(nodes=nodes, partitions=partitions, root=path, heartbeat_timeout=HEARTBEAT,
+                     checkpoints=f"file://{path}/checkpoints", node_memory_bytes=64 << 20)
+    try:
+        start = time.perf_counter()
+        c.start()  # waits until balanced and every backup in sync
+        row["start-up s"] = time.perf_counter() - start
+        with c.connect(retry_timeout=120.0) as rs:
+            state = rs.value_state("scale")
+            batches = _batches(keys)
+            row["put keys/s"] = _rates(lambda b: state.put_many(dict.fromkeys(b, VALUE)), batches)
+            row["get keys/s"] = _rates(lambda b: state.get_many(b), batches)
+            got = state.get_many(keys[:100])
+            assert all(v == VALUE for v in got)
+            start = time.perf_counter()
+            rs.checkpoint()
+            row["checkpoint s"] = time.perf_counter() - start
+            # kill -9 of a node holding primaries: until a key of each of its partitions reads again
+            table = rs.backend.refresh()
+            victim = c.nodes()[0]
+            lost = set(table.owned_by(victim.node_id))
+            probes: dict[int, str] = {}
+            for k in keys:
+                pid = rs.partition_of(k)
+                if pid in lost and pid not in probes:
+                    probes[pid] = k
+            killed = time.perf_counter()
+            c.kill_node(victim.node_id)
+            for k in probes.values():
+                assert state.get(k) == VALUE
+            row["kill->served s"] = time.perf_counter() - killed
+            c.wait_replicated(600)
+            start = time.perf_counter()
+            c.add_node(wait=False)
+            c.wait_replicated(600)
+            row["join->balanced s"] = time.perf_counter() - start
+            if leave:
+                start = time.perf_counter()
+                c.stop_node(c.nodes()[0].node_id, timeout=600)
+                c.wait_replicated(600)
+                row["leave->balanced s"] = time.perf_counter() - start
+            assert all(v == VALUE for v in state.get_many(keys[:BATCH]))
+    except (RockstateError, AssertionError) as e:
+        traceback.print_exc()
+        row["failed"] = f"{type(e).__name__}: {str(e)[:200]}"
+    finally:
+        c.close()
+        shutil.rmtree(path, ignore_errors=True)
+    return row
+
+
+COLUMNS = ["start-up s", "put keys/s", "get keys/s", "checkpoint s", "kill->served s", "join->balanced s"]
+
+
+def _table(title: str, label: str, rows: list[tuple[object, dict]], columns: list[str]) -> None:
+    base = rows[0][1]
+    out = []
+    for name, row in rows:
+        cells: list[object] = [name]
+        for col in columns:
+            v = row.get(col)
+            cells += ["-", "-"] if v is None else [v, v / base[col] if base.get(col) else "-"]
+        out.append(cells)
+    header = [label] + [h for col in columns for h in (col, "x")]
+    print_table(title, header, out)
+    for name, row in rows:
+        if "failed" in row:
+            print(f"  {label}={name} failed: {row['failed']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--keys", type=int, default=int(os.environ.get("BENCH_SCALE_KEYS", 50_000)))
+    parser.add_argument("--partitions", default=os.environ.get("BENCH_SCALE_P", "16,128,271,1024"))
+    parser.add_argument("--nodes", default="", help="node counts at P=1024 (e.g. 3,8,16); empty: skip")
+    parser.add_argument("--no-embedded", action="store_true")
+    args = parser.parse_args()
+    keys = [key_of("uuid", i) for i in range(args.keys)]
+    ps = [int(x) for x in args.partitions.split(",") if x]
+    root = tempfile.mkdtemp(prefix="rockstate-bench-scale-")
+    print(f"{args.keys:,} UUID keys, 100-byte values, batches of {BATCH:,}; 3 nodes, backup_count=1 (sync), "
+          f"file checkpoints, heartbeat_timeout {HEARTBEAT:g} s", flush=True)
+    try:
+        rows, floor = [], []
+        for P in ps:
+            row = cluster_run(root, P, 3, keys)
+            print(f"P={P}: {row}", flush=True)
+            rows.append((P, row))
+            if not args.no_embedded:
+                put, get = embedded(root, P, keys)
+                floor.append((P, {"put keys/s": put, "get keys/s": get}))
+        _table(f"3 nodes, backup_count=1: each measure and its ratio to P={ps[0]} (goal: keys/s >= 0.8x, seconds <= 2x)",
+               "P", rows, COLUMNS)
+        if floor:
+            _table(f"the floor: embedded rockstate.open, one process, same keys and batches (ratio to P={ps[0]})",
+                   "P", floor, ["put keys/s", "get keys/s"])
+            print_table("cluster against embedded at the same P", ["P", "put x embedded", "get x embedded"],
+                        [[P, r.get("put keys/s", 0) / f["put keys/s"], r.get("get keys/s", 0) / f["get keys/s"]]
+                         for (P, r), (_, f) in zip(rows, floor)])
+        if args.nodes:
+            node_rows = []
+            for n in [int(x) for x in args.nodes.split(",")]:
+                row = cluster_run(root, 1024, n, keys, leave=True)
+                print(f"nodes={n}: {row}", flush=True)
+                node_rows.append((n, row))
+            _table("P=1024, backup_count=1: by node count (ratio to the fewest)", "nodes", node_rows,
+                   COLUMNS + ["leave->balanced s"])
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
