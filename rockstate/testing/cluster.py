@@ -176,7 +176,7 @@ def _pending_tasks(clusters: list[LocalCluster]) -> list[str]:
 
 
 @contextlib.contextmanager
-def local_cluster(nodes: int = 2, partitions: int = 8, *, processes: bool = False, check_leaks: bool = True,
+def local_cluster(nodes: int = 3, partitions: int = 16, *, processes: bool = False, check_leaks: bool = True,
                   grace: float = LEAK_GRACE, **options: Any) -> Iterator[LocalCluster]:
     """A started ``LocalCluster`` (in process by default) for the block; stopped after it, then checked for
     leaks (``LeakError``). ``options``: LocalCluster's other arguments; ``{root}`` in a string is its root."""
@@ -197,23 +197,30 @@ def local_cluster(nodes: int = 2, partitions: int = 8, *, processes: bool = Fals
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def gen_cluster(nodes: int = 2, partitions: int = 8, **options: Any) -> Callable[[F], F]:
-    """Decorate a test taking ``cluster`` as its first argument: it runs with a started cluster of ``nodes``
-    nodes (``local_cluster``'s options), which is stopped and checked for leaks after it. The test's other
-    arguments are pytest fixtures as usual."""
+def gen_cluster(nodes: int = 3, partitions: int = 16, **options: Any) -> Callable[[F], F]:
+    """Decorate a test whose first argument is the cluster: it runs with a started cluster of ``nodes`` nodes
+    (``local_cluster``'s options), which is stopped and checked for leaks after it. The test's other arguments
+    are pytest fixtures and parameters as usual. ``{tmp_path}`` in a string option is the test's ``tmp_path``."""
+    wants_tmp_path = any(isinstance(v, str) and "{tmp_path}" in v for v in options.values())
 
     def decorate(test: F) -> F:
         signature = inspect.signature(test)
         params = list(signature.parameters.values())
-        if not params or params[0].name != "cluster":
-            raise TypeError(f"{test.__qualname__}: a gen_cluster test takes `cluster` as its first argument")
+        if not params:
+            raise TypeError(f"{test.__qualname__}: a gen_cluster test takes the cluster as its first argument")
+        fixtures = params[1:]
+        takes_tmp_path = any(p.name == "tmp_path" for p in fixtures)
+        if wants_tmp_path and not takes_tmp_path:
+            fixtures.append(inspect.Parameter("tmp_path", inspect.Parameter.POSITIONAL_OR_KEYWORD))
 
         @functools.wraps(test)
-        def run(*args: Any, **kwargs: Any) -> Any:
-            with local_cluster(nodes, partitions, **options) as cluster:
-                return test(cluster, *args, **kwargs)
+        def run(**kwargs: Any) -> Any:
+            tmp_path = kwargs["tmp_path"] if takes_tmp_path else kwargs.pop("tmp_path", None)
+            opts = {k: v.replace("{tmp_path}", str(tmp_path)) if isinstance(v, str) else v for k, v in options.items()}
+            with local_cluster(nodes, partitions, **opts) as cluster:
+                return test(cluster, **kwargs)
 
-        run.__signature__ = signature.replace(parameters=params[1:])  # type: ignore[attr-defined]  # pytest's fixtures
+        run.__signature__ = signature.replace(parameters=fixtures)  # type: ignore[attr-defined]  # pytest's fixtures
         return run  # type: ignore[return-value]
 
     return decorate

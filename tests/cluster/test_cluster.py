@@ -13,6 +13,7 @@ from rockstate.cluster.client.backend import ClusterBackend
 from rockstate.local.cluster import LocalCluster, wait_until
 from rockstate.errors import ClusterTimeoutError, InvalidKeyError, NotOwnerError, ProtocolError, StateKindError, UnknownStateError
 from rockstate.rpc.client import Channel
+from rockstate.testing.cluster import gen_cluster, local_cluster
 
 
 def pid_alive(pid: int) -> bool:
@@ -27,7 +28,7 @@ def pid_alive(pid: int) -> bool:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    with LocalCluster(nodes=3, partitions=16, root=str(tmp_path_factory.mktemp("cluster"))) as c:
+    with local_cluster(processes=True, nodes=3, partitions=16, root=str(tmp_path_factory.mktemp("cluster"))) as c:
         yield c
 
 
@@ -125,79 +126,79 @@ def test_stale_epoch_is_fenced(cluster):
             channel.close()
 
 
-def test_join_moves_partitions_and_clients_follow_redirects(tmp_path):
-    with LocalCluster(nodes=2, partitions=12, root=str(tmp_path)) as cluster:
-        writer = cluster.connect()
-        reader = cluster.connect()
-        s = writer.value_state("moving")
-        s.put_many({i: i for i in range(2000)})
-        old_epoch = reader.backend.table.epoch
-        info = cluster.add_node()
+@gen_cluster(nodes=2, partitions=12, processes=True)
+def test_join_moves_partitions_and_clients_follow_redirects(cluster):
+    writer = cluster.connect()
+    reader = cluster.connect()
+    s = writer.value_state("moving")
+    s.put_many({i: i for i in range(2000)})
+    old_epoch = reader.backend.table.epoch
+    info = cluster.add_node()
+    status = cluster.wait_balanced()
+    assert sorted(n["partitions"] for n in status["nodes"]) == [4, 4, 4]
+    # the reader still has the old table: its requests are redirected, and it learns the new one
+    assert reader.value_state("moving").get_many(range(2000)) == list(range(2000))
+    assert reader.backend.table.epoch > old_epoch
+    assert info.node_id in reader.backend.table.owners
+    assert writer.stats()["nodes"][info.node_id]["keys"] > 0
+    def moves_to_new_node():
+        moved = [e for e in cluster.status()["events"] if e["event"] == "migration_finished" and e["target"] == info.node_id]
+        return moved if len(moved) >= 4 else None
+
+    moved = wait_until(moves_to_new_node, 10, "the four moves' events")
+    assert len(moved) == 4 and all(e["bytes"] > 0 for e in moved)
+    assert all(e["write_blocked_seconds"] < e["seconds"] for e in moved)
+    writer.close()
+    reader.close()
+
+
+@gen_cluster(nodes=3, partitions=9, processes=True)
+def test_graceful_stop_hands_partitions_over(cluster):
+    with cluster.connect() as rs:
+        s = rs.value_state("handover")
+        s.put_many({i: str(i) for i in range(3000)})
+        victim = cluster.nodes()[0]
+        cluster.stop_node(victim.node_id)
+        assert not pid_alive(victim.pid)
         status = cluster.wait_balanced()
-        assert sorted(n["partitions"] for n in status["nodes"]) == [4, 4, 4]
-        # the reader still has the old table: its requests are redirected, and it learns the new one
-        assert reader.value_state("moving").get_many(range(2000)) == list(range(2000))
-        assert reader.backend.table.epoch > old_epoch
-        assert info.node_id in reader.backend.table.owners
-        assert writer.stats()["nodes"][info.node_id]["keys"] > 0
-        def moves_to_new_node():
-            moved = [e for e in cluster.status()["events"] if e["event"] == "migration_finished" and e["target"] == info.node_id]
-            return moved if len(moved) >= 4 else None
-
-        moved = wait_until(moves_to_new_node, 10, "the four moves' events")
-        assert len(moved) == 4 and all(e["bytes"] > 0 for e in moved)
-        assert all(e["write_blocked_seconds"] < e["seconds"] for e in moved)
-        writer.close()
-        reader.close()
+        assert {n["node_id"]: n["status"] for n in status["nodes"]}[victim.node_id] == "left"
+        assert victim.node_id not in rs.backend.refresh().owners
+        assert s.get_many(range(3000)) == [str(i) for i in range(3000)]
+        assert s.count() == 3000
 
 
-def test_graceful_stop_hands_partitions_over(tmp_path):
-    with LocalCluster(nodes=3, partitions=9, root=str(tmp_path)) as cluster:
-        with cluster.connect() as rs:
-            s = rs.value_state("handover")
-            s.put_many({i: str(i) for i in range(3000)})
-            victim = cluster.nodes()[0]
-            cluster.stop_node(victim.node_id)
-            assert not pid_alive(victim.pid)
-            status = cluster.wait_balanced()
-            assert {n["node_id"]: n["status"] for n in status["nodes"]}[victim.node_id] == "left"
-            assert victim.node_id not in rs.backend.refresh().owners
-            assert s.get_many(range(3000)) == [str(i) for i in range(3000)]
-            assert s.count() == 3000
+@gen_cluster(nodes=2, partitions=8, heartbeat_timeout=1.0, backup_count=0, processes=True)
+def test_killed_node_is_declared_dead_and_returns_with_its_data(cluster):
+    with cluster.connect(retry_timeout=1.0) as rs:
+        s = rs.value_state("durable")
+        s.put_many({i: i for i in range(500)})
+        victim = cluster.nodes()[0]
+        lost = [i for i in range(500) if rs.backend.table.owners[rs.partition_of(i)] == victim.node_id]
+        cluster.kill_node(victim.node_id)
+        wait_until(lambda: any(n["status"] == "dead" for n in cluster.status()["nodes"]), 10, "the node declared dead")
+        with pytest.raises(ClusterTimeoutError, match="gave up"):
+            s.get(lost[0])  # a clear, retryable error within the client's bound
+        assert s.get_many([i for i in range(500) if i not in lost][:50]) == [i for i in range(500) if i not in lost][:50]
+        back = cluster.restart_node(victim.node_id)
+        assert back.node_id == victim.node_id and back.pid != victim.pid
+        wait_until(lambda: all(n["status"] == "alive" for n in cluster.status()["nodes"]), 10, "the node back")
+        assert s.get_many(lost) == lost
 
 
-def test_killed_node_is_declared_dead_and_returns_with_its_data(tmp_path):
-    with LocalCluster(nodes=2, partitions=8, root=str(tmp_path), heartbeat_timeout=1.0, backup_count=0) as cluster:
-        with cluster.connect(retry_timeout=1.0) as rs:
-            s = rs.value_state("durable")
-            s.put_many({i: i for i in range(500)})
-            victim = cluster.nodes()[0]
-            lost = [i for i in range(500) if rs.backend.table.owners[rs.partition_of(i)] == victim.node_id]
-            cluster.kill_node(victim.node_id)
-            wait_until(lambda: any(n["status"] == "dead" for n in cluster.status()["nodes"]), 10, "the node declared dead")
-            with pytest.raises(ClusterTimeoutError, match="gave up"):
-                s.get(lost[0])  # a clear, retryable error within the client's bound
-            assert s.get_many([i for i in range(500) if i not in lost][:50]) == [i for i in range(500) if i not in lost][:50]
-            back = cluster.restart_node(victim.node_id)
-            assert back.node_id == victim.node_id and back.pid != victim.pid
-            wait_until(lambda: all(n["status"] == "alive" for n in cluster.status()["nodes"]), 10, "the node back")
-            assert s.get_many(lost) == lost
-
-
-def test_coordinator_restart_resumes_the_same_table(tmp_path):
-    with LocalCluster(nodes=2, partitions=8, root=str(tmp_path)) as cluster:
-        with cluster.connect() as rs:
-            rs.value_state("kept").put_many({i: i for i in range(100)})
-            before = rs.backend.refresh()
-        old_pid = cluster._runner.coordinators[0].pid
-        cluster.kill_coordinator()
-        assert not pid_alive(old_pid)
-        cluster.restart_coordinator()
-        with cluster.connect() as rs:
-            after = rs.backend.table
-            assert after.owners == before.owners and after.epoch >= before.epoch
-            assert rs.value_state("kept").get_many(range(100)) == list(range(100))
-            wait_until(lambda: all(n["status"] == "alive" for n in cluster.status()["nodes"]), 10, "nodes checked in")
+@gen_cluster(nodes=2, partitions=8, processes=True)
+def test_coordinator_restart_resumes_the_same_table(cluster):
+    with cluster.connect() as rs:
+        rs.value_state("kept").put_many({i: i for i in range(100)})
+        before = rs.backend.refresh()
+    old_pid = cluster._runner.coordinators[0].pid
+    cluster.kill_coordinator()
+    assert not pid_alive(old_pid)
+    cluster.restart_coordinator()
+    with cluster.connect() as rs:
+        after = rs.backend.table
+        assert after.owners == before.owners and after.epoch >= before.epoch
+        assert rs.value_state("kept").get_many(range(100)) == list(range(100))
+        wait_until(lambda: all(n["status"] == "alive" for n in cluster.status()["nodes"]), 10, "nodes checked in")
 
 
 def test_no_process_outlives_the_cluster(tmp_path):
@@ -216,14 +217,14 @@ def test_cleanup_after_a_failing_test_body(tmp_path):
     assert pids and not any(pid_alive(pid) for pid in pids)
 
 
-def test_in_process_cluster_serves_the_same_api(tmp_path):
-    with LocalCluster(nodes=2, partitions=4, root=str(tmp_path), processes=False) as cluster:
-        with cluster.connect() as rs:
-            s = rs.value_state("inproc")
-            s.put_many({i: [i] for i in range(100)})
-            assert s.get_many(range(100)) == [[i] for i in range(100)]
-            cluster.add_node()
-            assert s.count() == 100
+@gen_cluster(nodes=2, partitions=4)
+def test_in_process_cluster_serves_the_same_api(cluster):
+    with cluster.connect() as rs:
+        s = rs.value_state("inproc")
+        s.put_many({i: [i] for i in range(100)})
+        assert s.get_many(range(100)) == [[i] for i in range(100)]
+        cluster.add_node()
+        assert s.count() == 100
 
 
 def test_node_metrics_are_exposed_for_prometheus(tmp_path):
@@ -232,7 +233,7 @@ def test_node_metrics_are_exposed_for_prometheus(tmp_path):
     from rockstate.local.runners import ThreadRunner
     from rockstate.config import NodeConfig
 
-    with LocalCluster(nodes=1, partitions=4, root=str(tmp_path), processes=False) as cluster:
+    with local_cluster(nodes=1, partitions=4, root=str(tmp_path), processes=False) as cluster:
         runner: ThreadRunner = cluster._runner
         [info] = runner.start_nodes([NodeConfig(coordinator=cluster.address, data_dir=str(tmp_path / "m"), metrics_port=0)])
         node = runner.nodes[info.node_id]

@@ -17,6 +17,7 @@ from rockstate import keys as keyhash
 from rockstate.local.cluster import LocalCluster, wait_until
 from rockstate.testing.history import CAS, READ, UNKNOWN, WRITE, History, Operation, Restore, check_history
 from rockstate.testing.workload import Workload, keys_for
+from rockstate.testing.cluster import gen_cluster, local_cluster
 
 # -- the checker on hand-made histories --------------------------------------------
 
@@ -191,29 +192,29 @@ def test_compare_and_set_embedded(tmp_path):
         exercise_compare_and_set(rs)
 
 
-def test_compare_and_set_on_a_cluster_loses_no_update(tmp_path):
+@gen_cluster(nodes=2, partitions=4)
+def test_compare_and_set_on_a_cluster_loses_no_update(cluster):
     """Threads increment one counter by compare-and-set loops: every successful one counts."""
-    with LocalCluster(nodes=2, partitions=4, root=str(tmp_path), processes=False) as cluster:
-        with cluster.connect() as rs:
-            exercise_compare_and_set(rs)
-            counter = rs.value_state("counter")
-            counter.put("n", 0)
-            done = []
+    with cluster.connect() as rs:
+        exercise_compare_and_set(rs)
+        counter = rs.value_state("counter")
+        counter.put("n", 0)
+        done = []
 
-            def increment(times):
-                for _ in range(times):
-                    while True:
-                        n = counter.get("n")
-                        if counter.compare_and_set("n", n, n + 1):
-                            done.append(1)
-                            break
+        def increment(times):
+            for _ in range(times):
+                while True:
+                    n = counter.get("n")
+                    if counter.compare_and_set("n", n, n + 1):
+                        done.append(1)
+                        break
 
-            threads = [threading.Thread(target=increment, args=(25,)) for _ in range(4)]
-            for th in threads:
-                th.start()
-            for th in threads:
-                th.join(60)
-            assert len(done) == 100 and counter.get("n") == 100
+        threads = [threading.Thread(target=increment, args=(25,)) for _ in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(60)
+        assert len(done) == 100 and counter.get("n") == 100
 
 
 # -- recorded histories on multi-process clusters ---------------------------------------
@@ -313,7 +314,7 @@ def test_old_owner_hearing_late_of_a_move_serves_no_stale_read(tmp_path):
     """A move commits while the old owner's copy of the new table is delayed: a client that already has
     the new table writes at the new owner, then a client still on the old table reads at the old one."""
     history = History()
-    with LocalCluster(nodes=1, partitions=2, root=str(tmp_path), processes=False) as cluster:
+    with local_cluster(nodes=1, partitions=2, root=str(tmp_path), processes=False) as cluster:
         old = cluster._runner.nodes[cluster.nodes()[0].node_id]
         apply = old._apply
 

@@ -3,9 +3,10 @@
 import threading
 
 from rockstate.cluster import protocol as p
-from rockstate.local.cluster import LocalCluster, wait_until
+from rockstate.local.cluster import wait_until
 from rockstate.errors import RockstateError
 from rockstate.rpc.client import Channel
+from rockstate.testing.cluster import gen_cluster, local_cluster
 
 
 class SteadyWriter:
@@ -56,51 +57,51 @@ def owners_agree(cluster, rs) -> None:
         assert {int(x) for x in served} == set(table.owned_by(node.node_id)), node.node_id
 
 
-def test_join_under_steady_writes(tmp_path):
-    with LocalCluster(nodes=2, partitions=12, root=str(tmp_path)) as cluster:
-        with cluster.connect() as rs:
-            with SteadyWriter(rs) as writer:
-                cluster.add_node()
-                status = cluster.wait_balanced()
-            writer.check()
-            assert sorted(n["partitions"] for n in status["nodes"] if n["status"] == "alive") == [4, 4, 4]
-            moves = [e for e in cluster.status()["events"] if e["event"] == "migration_finished" and e["bytes"] > 0]
-            assert moves and all(e["write_blocked_seconds"] < 5 for e in moves)
-            owners_agree(cluster, rs)
+@gen_cluster(nodes=2, partitions=12, processes=True)
+def test_join_under_steady_writes(cluster):
+    with cluster.connect() as rs:
+        with SteadyWriter(rs) as writer:
+            cluster.add_node()
+            status = cluster.wait_balanced()
+        writer.check()
+        assert sorted(n["partitions"] for n in status["nodes"] if n["status"] == "alive") == [4, 4, 4]
+        moves = [e for e in cluster.status()["events"] if e["event"] == "migration_finished" and e["bytes"] > 0]
+        assert moves and all(e["write_blocked_seconds"] < 5 for e in moves)
+        owners_agree(cluster, rs)
 
 
-def test_graceful_leave_under_steady_writes(tmp_path):
-    with LocalCluster(nodes=3, partitions=12, root=str(tmp_path)) as cluster:
-        with cluster.connect() as rs:
-            with SteadyWriter(rs) as writer:
-                cluster.stop_node(cluster.nodes()[1].node_id)
-                cluster.wait_balanced()
-            writer.check()
-            owners_agree(cluster, rs)
-
-
-def test_coordinator_killed_in_the_middle_of_a_move(tmp_path):
-    with LocalCluster(nodes=2, partitions=8, root=str(tmp_path)) as cluster:
-        with cluster.connect(retry_timeout=60) as rs:
-            big = rs.value_state("big")
-            for start in range(0, 40_000, 5000):  # enough data (~20 MB) that a move takes a moment
-                big.put_many({i: b"x" * 500 for i in range(start, start + 5000)})
-            cluster.add_node(wait=False)
-            wait_until(lambda: any(e["event"] == "migration_started" for e in cluster.status()["events"]), 30, "a move")
-            cluster.kill_coordinator()
-            cluster.restart_coordinator()
+@gen_cluster(nodes=3, partitions=12, processes=True)
+def test_graceful_leave_under_steady_writes(cluster):
+    with cluster.connect() as rs:
+        with SteadyWriter(rs) as writer:
+            cluster.stop_node(cluster.nodes()[1].node_id)
             cluster.wait_balanced()
-            wait_until(lambda: any(e["event"] == "coordinator_resumed" for e in cluster.status()["events"]), 30, "resume")
-            assert big.get_many(range(0, 40_000, 97)) == [b"x" * 500] * len(range(0, 40_000, 97))
-            assert big.count() == 40_000
-            big.put(1, b"writable")  # nothing stayed frozen
-            assert big.get(1) == b"writable"
-            owners_agree(cluster, rs)
+        writer.check()
+        owners_agree(cluster, rs)
+
+
+@gen_cluster(nodes=2, partitions=8, processes=True)
+def test_coordinator_killed_in_the_middle_of_a_move(cluster):
+    with cluster.connect(retry_timeout=60) as rs:
+        big = rs.value_state("big")
+        for start in range(0, 40_000, 5000):  # enough data (~20 MB) that a move takes a moment
+            big.put_many({i: b"x" * 500 for i in range(start, start + 5000)})
+        cluster.add_node(wait=False)
+        wait_until(lambda: any(e["event"] == "migration_started" for e in cluster.status()["events"]), 30, "a move")
+        cluster.kill_coordinator()
+        cluster.restart_coordinator()
+        cluster.wait_balanced()
+        wait_until(lambda: any(e["event"] == "coordinator_resumed" for e in cluster.status()["events"]), 30, "resume")
+        assert big.get_many(range(0, 40_000, 97)) == [b"x" * 500] * len(range(0, 40_000, 97))
+        assert big.count() == 40_000
+        big.put(1, b"writable")  # nothing stayed frozen
+        assert big.get(1) == b"writable"
+        owners_agree(cluster, rs)
 
 
 def test_clients_subscribe_to_cluster_events(tmp_path):
     seen = []
-    with LocalCluster(nodes=1, partitions=4, root=str(tmp_path), heartbeat_timeout=1.0) as cluster:
+    with local_cluster(processes=True, nodes=1, partitions=4, root=str(tmp_path), heartbeat_timeout=1.0) as cluster:
         with cluster.connect() as rs:
             rs.value_state("e").put_many({i: i for i in range(100)})
             with rs.subscribe(seen.append):

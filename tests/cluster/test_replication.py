@@ -11,11 +11,12 @@ import threading
 import pytest
 
 from rockstate.cluster.client.bulk import write_sst
-from rockstate.local.cluster import LocalCluster, wait_until
+from rockstate.local.cluster import wait_until
 from rockstate.errors import RockstateError
 from rockstate.serde import _pack
 from rockstate.testing.history import History, check_history
 from rockstate.testing.workload import Workload, keys_for
+from rockstate.testing.cluster import gen_cluster, local_cluster
 
 
 HEARTBEAT_TIMEOUT = 2.0  # a loaded 2-core machine can stall a node's loop past 1 s: no false deaths here
@@ -74,7 +75,7 @@ def last_event(cluster) -> int:
 def run_kills(tmp_path, nodes: int, backup_count: int, kills: list[list[int]]) -> None:
     """Clients keep going while, round by round, the nodes at these positions are killed at once."""
     history = History()
-    with LocalCluster(nodes=nodes, partitions=8, root=str(tmp_path / "cluster"), heartbeat_timeout=HEARTBEAT_TIMEOUT,
+    with local_cluster(processes=True, nodes=nodes, partitions=8, root=str(tmp_path / "cluster"), heartbeat_timeout=HEARTBEAT_TIMEOUT,
                       backup_count=backup_count) as cluster:
         with cluster.connect(retry_timeout=30) as admin:
             keys = keys_for(admin)
@@ -117,7 +118,7 @@ def test_two_backups_survive_two_simultaneous_kills(tmp_path):
 def test_a_kill_during_re_replication_loses_nothing(tmp_path):
     """Two backups; a second node dies while the first one's partitions are being re-replicated."""
     history = History()
-    with LocalCluster(nodes=4, partitions=8, root=str(tmp_path / "cluster"), heartbeat_timeout=HEARTBEAT_TIMEOUT, backup_count=2) as cluster:
+    with local_cluster(processes=True, nodes=4, partitions=8, root=str(tmp_path / "cluster"), heartbeat_timeout=HEARTBEAT_TIMEOUT, backup_count=2) as cluster:
         with cluster.connect(retry_timeout=30) as admin:
             admin.value_state("bulk").put_many({f"order-{i:06d}": {"amount": i, "day": "2026-11-23"} for i in range(20_000)})
             keys = keys_for(admin)
@@ -184,7 +185,7 @@ def test_joins_and_a_graceful_leave_keep_every_partition_in_sync_and_a_kill_9_mi
     first handover has its source SIGKILLed while the target catches up: its partitions are promoted and the move
     planned anew. The history has no violation and no loss throughout."""
     history = History()
-    with LocalCluster(nodes=3, partitions=8, root=str(tmp_path / "cluster"), heartbeat_timeout=HEARTBEAT_TIMEOUT,
+    with local_cluster(processes=True, nodes=3, partitions=8, root=str(tmp_path / "cluster"), heartbeat_timeout=HEARTBEAT_TIMEOUT,
                       backup_count=1, coordinator_settings={"replica_timeout": 5.0}) as cluster:  # fewer lags at load
         with cluster.connect(retry_timeout=30) as admin:
             admin.value_state("bulk").put_many({f"order-{i:06d}": {"amount": i, "day": "2026-11-23"} for i in range(20_000)})
@@ -227,56 +228,56 @@ def test_joins_and_a_graceful_leave_keep_every_partition_in_sync_and_a_kill_9_mi
 
 
 @pytest.mark.timeout(120)
-def test_an_ingested_sst_file_survives_its_primarys_death(tmp_path):
+@gen_cluster(nodes=3, partitions=4, root="{tmp_path}/cluster", heartbeat_timeout=HEARTBEAT_TIMEOUT, processes=True)
+def test_an_ingested_sst_file_survives_its_primarys_death(cluster, tmp_path):
     """An SST file is no batch a backup can apply: the backups catch up anew, and the ingest is acknowledged
     only once no backup without the file counts as in sync; then the primary is killed."""
-    with LocalCluster(nodes=3, partitions=4, root=str(tmp_path / "cluster"), heartbeat_timeout=HEARTBEAT_TIMEOUT) as cluster:
-        with cluster.connect(retry_timeout=30) as rs:
-            state, backend = rs.value_state("loaded"), rs.backend
-            keys = [f"device-{i:05d}" for i in range(3000)]
-            for pid in range(4):
-                mine = sorted((_pack(k), _pack({"seen": "2026-11-23", "n": len(k)})) for k in keys if rs.partition_of(k) == pid)
-                path = str(tmp_path / f"p{pid}.sst")
-                write_sst(path, [k for k, _ in mine], [v for _, v in mine])
-                assert backend.ingest_sst("loaded", pid, path) > 0
-            state.put("after-the-load", 1)  # a batch after the file, on one partition
-            cluster.wait_replicated(60)  # the backups copied the partitions anew (until then, fewer replicas)
-            victim = backend.refresh().owners[0]
-            after = last_event(cluster)
-            cluster.kill_node(victim)
-            wait_until(lambda: promoted(cluster, after), 30, "a promotion")
-            assert state.get_many(keys) == [{"seen": "2026-11-23", "n": len(k)} for k in keys]
-            assert state.get("after-the-load") == 1
+    with cluster.connect(retry_timeout=30) as rs:
+        state, backend = rs.value_state("loaded"), rs.backend
+        keys = [f"device-{i:05d}" for i in range(3000)]
+        for pid in range(4):
+            mine = sorted((_pack(k), _pack({"seen": "2026-11-23", "n": len(k)})) for k in keys if rs.partition_of(k) == pid)
+            path = str(tmp_path / f"p{pid}.sst")
+            write_sst(path, [k for k, _ in mine], [v for _, v in mine])
+            assert backend.ingest_sst("loaded", pid, path) > 0
+        state.put("after-the-load", 1)  # a batch after the file, on one partition
+        cluster.wait_replicated(60)  # the backups copied the partitions anew (until then, fewer replicas)
+        victim = backend.refresh().owners[0]
+        after = last_event(cluster)
+        cluster.kill_node(victim)
+        wait_until(lambda: promoted(cluster, after), 30, "a promotion")
+        assert state.get_many(keys) == [{"seen": "2026-11-23", "n": len(k)} for k in keys]
+        assert state.get("after-the-load") == 1
 
 
 @pytest.mark.timeout(120)
-def test_read_from_backup_answers_while_the_primary_is_stopped(tmp_path):
+@gen_cluster(nodes=2, partitions=4, heartbeat_timeout=30.0, processes=True)
+def test_read_from_backup_answers_while_the_primary_is_stopped(cluster):
     """A stale-read client reads the backups: with the primary's process stopped (SIGSTOP), it still answers;
     a client reading primaries (linearizable) cannot until the process goes on."""
-    with LocalCluster(nodes=2, partitions=4, root=str(tmp_path / "cluster"), heartbeat_timeout=30.0) as cluster:
-        with cluster.connect() as rs, cluster.connect(read_from_backup=True, retry_timeout=5.0) as stale, \
-                cluster.connect(retry_timeout=1.0, timeout=1.0) as strict:
-            orders = {f"order-{i}": {"amount": i, "day": "2026-11-23"} for i in range(200)}
-            rs.value_state("orders").put_many(orders)
-            primary = cluster.node(rs.backend.refresh().owners[0])
-            on_primary = [k for k in orders if rs.partition_of(k) == 0]
-            os.kill(primary.pid, signal.SIGSTOP)
-            try:
-                assert stale.value_state("orders").get_many(on_primary) == [orders[k] for k in on_primary]
-                with pytest.raises(RockstateError):
-                    strict.value_state("orders").get(on_primary[0])
-            finally:
-                os.kill(primary.pid, signal.SIGCONT)
-            assert strict.value_state("orders").get(on_primary[0]) == orders[on_primary[0]]
+    with cluster.connect() as rs, cluster.connect(read_from_backup=True, retry_timeout=5.0) as stale, \
+            cluster.connect(retry_timeout=1.0, timeout=1.0) as strict:
+        orders = {f"order-{i}": {"amount": i, "day": "2026-11-23"} for i in range(200)}
+        rs.value_state("orders").put_many(orders)
+        primary = cluster.node(rs.backend.refresh().owners[0])
+        on_primary = [k for k in orders if rs.partition_of(k) == 0]
+        os.kill(primary.pid, signal.SIGSTOP)
+        try:
+            assert stale.value_state("orders").get_many(on_primary) == [orders[k] for k in on_primary]
+            with pytest.raises(RockstateError):
+                strict.value_state("orders").get(on_primary[0])
+        finally:
+            os.kill(primary.pid, signal.SIGCONT)
+        assert strict.value_state("orders").get(on_primary[0]) == orders[on_primary[0]]
 
 
-def test_a_partitions_replicas_are_in_distinct_zones(tmp_path):
+@gen_cluster(nodes=1, partitions=12)
+def test_a_partitions_replicas_are_in_distinct_zones(cluster):
     """Nodes started with --zone: with enough zones, no partition has two replicas in one zone."""
-    with LocalCluster(nodes=1, partitions=12, root=str(tmp_path / "cluster"), processes=False) as cluster:
-        zones = {cluster.nodes()[0].node_id: cluster.nodes()[0].node_id}  # a node without a zone is a zone of its own
-        for zone in ("zone-a", "zone-a", "zone-b"):
-            zones[cluster.add_node(zone=zone).node_id] = zone
-        status = cluster.wait_replicated()
-        for r in status["replicas"]:
-            replicas = [r["primary"], *(b["node"] for b in r["backups"])]
-            assert len(replicas) == 2 and len({zones[n] for n in replicas}) == 2, r
+    zones = {cluster.nodes()[0].node_id: cluster.nodes()[0].node_id}  # a node without a zone is a zone of its own
+    for zone in ("zone-a", "zone-a", "zone-b"):
+        zones[cluster.add_node(zone=zone).node_id] = zone
+    status = cluster.wait_replicated()
+    for r in status["replicas"]:
+        replicas = [r["primary"], *(b["node"] for b in r["backups"])]
+        assert len(replicas) == 2 and len({zones[n] for n in replicas}) == 2, r

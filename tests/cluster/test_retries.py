@@ -12,12 +12,13 @@ import pytest
 
 from rockstate.cluster import protocol as p
 from rockstate.rpc.frames import MAGIC
-from rockstate.local.cluster import LocalCluster, wait_until
+from rockstate.local.cluster import wait_until
 from rockstate.errors import ProtocolError
 from rockstate.rpc.client import Channel
 from rockstate.serde import encode_key, encode_value
 from rockstate.store import APPEND, requests
 from rockstate.testing.workload import keys_for
+from rockstate.testing.cluster import gen_cluster, local_cluster
 
 _HEADER = struct.Struct(">I")  # rpc/frames.py: a frame is a 4-byte big-endian body length, then the body
 
@@ -82,12 +83,14 @@ class ReplyDropper:
                 s.close()
 
     def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept() (close alone does not)
         self.listener.close()
 
 
 @pytest.fixture
 def one_node(tmp_path):
-    with LocalCluster(nodes=1, partitions=4, root=str(tmp_path)) as cluster:
+    with local_cluster(processes=True, nodes=1, partitions=4, root=str(tmp_path)) as cluster:
         proxy = ReplyDropper(cluster.nodes()[0].address)
         yield cluster, proxy
         proxy.close()
@@ -156,9 +159,10 @@ def test_a_malformed_request_id_is_refused_and_the_node_keeps_serving(one_node):
         assert rs.value_state("v").get("kept") == 1
 
 
-def test_a_retry_after_a_move_is_not_applied_again(tmp_path, monkeypatch):
+@gen_cluster(nodes=1, partitions=8, processes=True)
+def test_a_retry_after_a_move_is_not_applied_again(cluster, monkeypatch):
     """The ids move with the partition: a request applied at the old owner and retried at the new one."""
-    with LocalCluster(nodes=1, partitions=8, root=str(tmp_path)) as cluster, cluster.connect() as rs:
+    with cluster.connect() as rs:
         log, keys = rs.list_state("log"), keys_for(rs)
         monkeypatch.setattr(requests, "new_id", lambda: b"the same request")  # every write: one retried request
         for k in keys:
@@ -177,7 +181,7 @@ def test_a_retry_after_a_failover_applies_what_the_checkpoint_lost_once(tmp_path
     """The ids are in the checkpoint: a request from before it is not applied again by its retry; one from
     after it was lost with the dead node's writes, and its retry applies it once."""
     url = (tmp_path / "checkpoints").as_uri()
-    with LocalCluster(nodes=2, partitions=6, root=str(tmp_path / "c"), checkpoints=url, heartbeat_timeout=1.0, backup_count=0) as cluster:
+    with local_cluster(processes=True, nodes=2, partitions=6, root=str(tmp_path / "c"), checkpoints=url, heartbeat_timeout=1.0, backup_count=0) as cluster:
         with cluster.connect(retry_timeout=30) as rs:
             log, keys = rs.list_state("log"), keys_for(rs)
             ids = iter([b"before the check", b"after the checkp"] * 2)

@@ -6,9 +6,10 @@ import subprocess
 import pytest
 
 from rockstate.cluster.client.backend import ClusterBackend
-from rockstate.local.cluster import LocalCluster
+
 from rockstate.cluster.security import client_context, load_secret
 from rockstate.errors import AuthenticationError, ConfigError, RockstateError
+from rockstate.testing.cluster import gen_cluster, local_cluster
 
 SECRET = "correct horse battery staple"
 
@@ -24,29 +25,29 @@ def certs(tmp_path_factory):
     return {"cert": str(d / "node.pem"), "key": str(d / "node.key"), "ca": str(d / "ca.pem")}
 
 
-def test_secret_is_required_and_never_logged(tmp_path):
-    with LocalCluster(nodes=2, partitions=4, root=str(tmp_path), secret=SECRET) as cluster:
-        with cluster.connect() as rs:  # knows the secret
-            rs.value_state("guarded").put("k", 1)
-            assert rs.value_state("guarded").get("k") == 1
-        with pytest.raises(AuthenticationError):
-            ClusterBackend(cluster.address, secret="wrong secret", timeout=5)
-        with pytest.raises(AuthenticationError):
-            ClusterBackend(cluster.address, secret=b"", timeout=5)
-        node = cluster.nodes()[0]
-        from rockstate.cluster import protocol as p
-        from rockstate.rpc.client import Channel
+@gen_cluster(nodes=2, partitions=4, root="{tmp_path}", secret=SECRET, processes=True)
+def test_secret_is_required_and_never_logged(cluster, tmp_path):
+    with cluster.connect() as rs:  # knows the secret
+        rs.value_state("guarded").put("k", 1)
+        assert rs.value_state("guarded").get("k") == 1
+    with pytest.raises(AuthenticationError):
+        ClusterBackend(cluster.address, secret="wrong secret", timeout=5)
+    with pytest.raises(AuthenticationError):
+        ClusterBackend(cluster.address, secret=b"", timeout=5)
+    node = cluster.nodes()[0]
+    from rockstate.cluster import protocol as p
+    from rockstate.rpc.client import Channel
 
-        with pytest.raises(AuthenticationError):  # straight to a node, no secret: refused before any operation
-            Channel(node.address, timeout=5).call(p.NodeStats())
-        with cluster.connect() as rs:
-            assert rs.value_state("guarded").get("k") == 1  # refusals did not disturb the cluster
-        logs = "".join(f.read_text(errors="replace") for f in pathlib.Path(tmp_path, "logs").iterdir())
-        assert "node-1" in logs and SECRET not in logs
+    with pytest.raises(AuthenticationError):  # straight to a node, no secret: refused before any operation
+        Channel(node.address, timeout=5).call(p.NodeStats())
+    with cluster.connect() as rs:
+        assert rs.value_state("guarded").get("k") == 1  # refusals did not disturb the cluster
+    logs = "".join(f.read_text(errors="replace") for f in pathlib.Path(tmp_path, "logs").iterdir())
+    assert "node-1" in logs and SECRET not in logs
 
 
 def test_tls_with_a_secret(tmp_path, certs):
-    with LocalCluster(nodes=2, partitions=4, root=str(tmp_path), secret=SECRET, tls=certs) as cluster:
+    with local_cluster(processes=True, nodes=2, partitions=4, root=str(tmp_path), secret=SECRET, tls=certs) as cluster:
         with cluster.connect() as rs:
             rs.value_state("encrypted").put_many({i: i for i in range(100)})
             cluster.add_node()  # node-to-node copies go over TLS too
