@@ -1,60 +1,97 @@
 """The coordinator's catalog of states and its cluster-wide answers, put together from the nodes' and its own.
 
-``ClusterAnswers`` is the part of ``Coordinator`` that serves them (its
-handlers ``define_state``, ``count``, ``cluster_stats``, ``status`` (the document of web/status.py),
+``ClusterAnswers`` serves them (``define_state``, ``get_table``, ``count``,
+``cluster_stats``, ``status`` (the document of web/status.py),
 ``events_after``, ``pipeline_progress``); the functions below it only compute.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+import asyncio
+import time
+from typing import Awaitable, Callable, Iterable
 
+from ...config import CoordinatorConfig
+from ...rpc.messages import Message
+from ...rpc.server import Connection
 from ...store import StateSpec
 from ...store.catalog import unknown_state
-from .web.status import cluster_status
+from .checkpoints import ClusterCheckpoints
+from .metrics import CoordinatorMetrics
+from .peers import Peers
+from .state import ClusterState, limits
+from .web.status import Figures, cluster_status, table_status
 from .. import protocol as p
+from ..replication.in_sync import ReplicaControl
 
 
 class ClusterAnswers:
-    """The coordinator's handlers for the catalog and cluster-wide questions (a part of ``Coordinator``, which has
-    the state they read: ``specs``, ``table``, ``membership``, ``peers``, ``events``, ``pipelines``, ``checkpoints``,
-    and ``define_lock``)."""
+    def __init__(self, config: CoordinatorConfig, state: ClusterState, replicas: ReplicaControl, peers: Peers,
+                 metrics: CoordinatorMetrics, *, checkpoints: Callable[[], ClusterCheckpoints | None],
+                 owned: Callable[[], object], broadcast: Callable[[Message], Awaitable[object]],
+                 save: Callable[[], Awaitable[None]], coordinators: Callable[[], Awaitable[dict]]) -> None:
+        """``checkpoints()``: the cluster's, if any; ``owned()``: the live owners, refusing (retryable) while a
+        partition has none; ``broadcast(msg)``: to every live member; ``save()``: the record kept;
+        ``coordinators()``: the leader and the standbys."""
+        self.config, self.state, self.replicas, self.peers, self.metrics = config, state, replicas, peers, metrics
+        self._checkpoints, self._owned, self._broadcast = checkpoints, owned, broadcast
+        self._save, self._coordinators = save, coordinators
+        self.define_lock = asyncio.Lock()  # states are defined one at a time
+        self.figures = Figures(lambda: self.state.membership.alive(), peers.channel)  # shared by every reader of the status
 
-    async def define_state(self, msg: p.DefineState, conn) -> dict:
+    async def define_state(self, msg: p.DefineState, conn: Connection) -> dict:
         return (await self.define(StateSpec.from_dict(msg.spec))).to_dict()
 
     async def define(self, spec: StateSpec) -> StateSpec:
         async with self.define_lock:  # a second definer answers once the first one's nodes know the state
-            existing = self.specs.get(spec.name)
+            existing = self.state.specs.get(spec.name)
             if existing is not None:
                 existing.check_same(spec)
                 return existing
-            self.specs[spec.name] = spec
+            self.state.specs[spec.name] = spec
             await self._save()
             await self._broadcast(p.NodeDefineState(spec=spec.to_dict()))
             return spec
 
-    async def count(self, msg: p.Count, conn) -> int:
-        if msg.state not in self.specs:
+    async def get_table(self, msg: p.GetTable, conn: Connection) -> dict:
+        return {**self.state.table.to_wire(), "limits": limits(self.config)}
+
+    async def count(self, msg: p.Count, conn: Connection) -> int:
+        if msg.state not in self.state.specs:
             raise unknown_state(msg.state)
-        self.partitions_by_node()  # refuses (retryable) while a partition has no live owner: a partial count would look whole
-        return sum(n for _, n in await self.peers.ask_all(self.membership.alive(), p.NodeCount(state=msg.state)))
+        self._owned()  # refuses (retryable) while a partition has no live owner: a partial count would look whole
+        return sum(n for _, n in await self.peers.ask_all(self.state.membership.alive(), p.NodeCount(state=msg.state)))
 
-    async def cluster_stats(self, msg: p.ClusterStats, conn) -> dict:
-        self.partitions_by_node()  # as count()
-        return merge_stats(self.specs, [(peer.node_id, answer) for peer, answer in await self.peers.ask_all(self.membership.alive(), p.NodeStats())])
+    async def cluster_stats(self, msg: p.ClusterStats, conn: Connection) -> dict:
+        self._owned()  # as count()
+        answers = await self.peers.ask_all(self.state.membership.alive(), p.NodeStats())
+        return merge_stats(self.state.specs, [(peer.node_id, answer) for peer, answer in answers])
 
-    async def pipeline_progress(self, msg: p.PipelineProgress, conn) -> None:
-        self.pipelines[msg.record["query"]] = {**msg.record, "batches": msg.record.get("batches", [])[-5:]}
+    async def pipeline_progress(self, msg: p.PipelineProgress, conn: Connection) -> None:
+        self.state.pipelines[msg.record["query"]] = {**msg.record, "batches": msg.record.get("batches", [])[-5:]}
         self.metrics.pipeline(msg.record)
         await self._save()
 
-    async def status(self, msg: p.Status, conn) -> dict:
-        return await cluster_status(self)
+    async def status(self, msg: p.Status, conn: Connection) -> dict:
+        return await self.document()
 
-    async def events_after(self, msg: p.Events, conn) -> list:
-        return await self.events.wait_after(msg.after, msg.wait)
+    async def document(self) -> dict:
+        """The cluster's status (web/status.py)."""
+        state = self.state
+        status = table_status(state.table, state.membership.members.values(), time.monotonic())
+        figures = await self.figures.get()
+        events = state.events.latest(1000)
+        checkpoints = self._checkpoints()
+        history = checkpoints.history() if checkpoints is not None else []
+        return cluster_status(
+            status, figures, events, states=len(state.specs), coordinators=await self._coordinators(),
+            failovers=state.failovers, backup_count=self.config.backup_count, replication=self.config.replication,
+            replicas=self.replicas.status() if self.replicas.enabled else [], pipelines=state.pipelines.values(),
+            checkpoints=None if checkpoints is None else {
+                "url": checkpoints.config.url, "latest": checkpoints.latest(), "history": history})
 
+    async def events_after(self, msg: p.Events, conn: Connection) -> list:
+        return await self.state.events.wait_after(msg.after, msg.wait)
 
 
 def merge_stats(specs: dict[str, StateSpec], answers: Iterable[tuple[str, dict]]) -> dict:

@@ -19,7 +19,7 @@ import logging
 import os
 import time
 from collections import deque
-from typing import Callable
+from typing import Any, Callable, Iterable
 
 log = logging.getLogger(__name__)
 
@@ -27,37 +27,26 @@ KEEP = 1000  # events kept in memory and in the file after compaction
 
 
 class EventLog:
-    def __init__(self, path: str | None, events: list[dict] = (), skip: int = 0) -> None:
-        """``skip``: numbers left out after the last event (ones a previous writer may have given away unkept)."""
+    def __init__(self, path: str | None, events: Iterable[dict] = (), skip: int = 0,
+                 on_append: Callable[[], None] | None = None) -> None:
+        """``skip``: numbers left out after the last event (ones a previous writer may have given away unkept);
+        ``on_append()``: told of every event (a keeper that saves them)."""
         self.path = path
-        self.events: deque[dict] = deque(self._read() if path else events, maxlen=KEEP)
+        self.events: deque[dict] = deque(_read(path) if path else events, maxlen=KEEP)
         self.seq = (self.events[-1]["seq"] + skip) if self.events else 0
         if path:
-            self._write_all()  # compaction: the file holds what memory holds
+            self._write_all(path)  # compaction: the file holds what memory holds
         self._appended = 0
         self._changed = asyncio.Event()
-        self.on_append: Callable[[], None] | None = None  # told of every event (a keeper that saves them)
+        self.on_append = on_append
 
-    def _read(self) -> list[dict]:
-        events = []
-        try:
-            with open(self.path) as f:
-                for line in f:
-                    try:
-                        events.append(json.loads(line))
-                    except ValueError:  # the last line of a process killed mid-write
-                        log.warning("skipping an unreadable line in %s", self.path)
-        except FileNotFoundError:
-            pass
-        return events[-KEEP:]
-
-    def _write_all(self) -> None:
-        tmp = f"{self.path}.tmp"
+    def _write_all(self, path: str) -> None:
+        tmp = f"{path}.tmp"
         with open(tmp, "w") as f:
             f.writelines(json.dumps(e) + "\n" for e in self.events)
-        os.replace(tmp, self.path)
+        os.replace(tmp, path)
 
-    def append(self, event: str, **data) -> dict:
+    def append(self, event: str, **data: Any) -> dict:
         self.seq += 1
         entry = {"seq": self.seq, "time": time.time(), "event": event, **data}
         self.events.append(entry)
@@ -66,7 +55,7 @@ class EventLog:
                 f.write(json.dumps(entry) + "\n")
             self._appended += 1
             if self._appended >= 10 * KEEP:
-                self._write_all()
+                self._write_all(self.path)
                 self._appended = 0
         self._changed.set()
         self._changed = asyncio.Event()
@@ -89,3 +78,17 @@ class EventLog:
 
     def latest(self, n: int) -> list[dict]:
         return list(self.events)[-n:]
+
+
+def _read(path: str) -> list[dict]:
+    events = []
+    try:
+        with open(path) as f:
+            for line in f:
+                try:
+                    events.append(json.loads(line))
+                except ValueError:  # the last line of a process killed mid-write
+                    log.warning("skipping an unreadable line in %s", path)
+    except FileNotFoundError:
+        pass
+    return events[-KEEP:]

@@ -1,18 +1,26 @@
-"""The coordinator's handlers for its members: a node's registration, heartbeats and graceful leave.
+"""The coordinator's side of ``control/membership.py``: a node's registration, heartbeats and graceful leave.
 
-``MemberHandlers`` is the part of ``Coordinator`` that serves them; what they decide comes from
-``control/membership.py`` (who is alive) and the coordinator's rebalance and replica control.
+``MemberHandlers`` serves them; who is alive is ``control/membership.py``'s
+``Membership`` (in ``ClusterState``); what a join, a return or a leave moves
+is the placement's (``placement.py``) and the replica control's.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from typing import Any, Awaitable, Callable, Coroutine
 
+from ...config import CoordinatorConfig
 from ...errors import PartitionUnavailableError, RockstateError
 from ...retry import Retry
+from ...rpc.server import Connection
 from .. import protocol as p
+from .peers import Peers
+from .state import ClusterState, checkpoint_config, limits
 from ..identity import refuse_takeover
+from ..replication.in_sync import ReplicaControl
 
 log = logging.getLogger(__name__)
 
@@ -23,41 +31,47 @@ LEAVE_RETRY = Retry(deadline=120.0, initial=0.5, maximum=5.0, retry_on=lambda e:
 
 
 class MemberHandlers:
-    """A part of ``Coordinator`` (which has ``membership``, ``table``, ``replicas``, ``_rebalance`` and the rest)."""
+    def __init__(self, config: CoordinatorConfig, state: ClusterState, replicas: ReplicaControl, peers: Peers, *,
+                 lock: asyncio.Lock, rebalance: Callable[[], Coroutine[Any, Any, int]], declare_dead: Callable[..., Awaitable[None]],
+                 save: Callable[[], Awaitable[None]], event: Callable[..., None], spawn: Callable[[Coroutine], None]) -> None:
+        """``lock``: the table's (a returning node gets the table under it); ``rebalance()``: moves planned and carried out,
+        answering how many; ``declare_dead(node, **why)``; ``save()``, ``event(name, **data)``, ``spawn(coro)``."""
+        self.config, self.state, self.replicas, self.peers, self.lock = config, state, replicas, peers, lock
+        self._rebalance, self._declare_dead = rebalance, declare_dead
+        self._save, self._event, self._spawn = save, event, spawn
 
-    async def register(self, msg: p.Register, conn) -> dict:
-        if msg.node_id in self.members:
-            await refuse_takeover(self.members[msg.node_id], msg.address, self.security)
-        node_id, joined = self.membership.register(msg.node_id, msg.address, time.monotonic())
+    async def register(self, msg: p.Register, conn: Connection) -> dict:
+        state = self.state
+        if msg.node_id in state.membership.members:
+            await refuse_takeover(state.membership.members[msg.node_id], msg.address, self.peers.security)
+        node_id, joined = state.membership.register(msg.node_id, msg.address, time.monotonic())
         if msg.zone:
             self.replicas.zones[node_id] = msg.zone
-        self.event("member_joined" if joined else "member_returned", node=node_id, address=msg.address)
-        if self.membership.addresses() != self.table.addresses:
-            self.table = self.table.with_addresses(self.membership.addresses())
+        self._event("member_joined" if joined else "member_returned", node=node_id, address=msg.address)
+        if state.membership.addresses() != state.table.addresses:
+            state.table = state.table.with_addresses(state.membership.addresses())
         await self._save()
         self._spawn(self.replicas.returned(node_id))  # restarted before its partitions got a new primary: they are its again
         self._spawn(self._rebalance())
+        checkpoints = checkpoint_config(self.config)
         return {
             "node_id": node_id,
-            "partitions": self.table.partitions,
-            "table": self.table.to_wire(),
-            "states": [s.to_dict() for s in self.specs.values()],
-            "limits": self._limits(),
+            "partitions": state.table.partitions,
+            "table": state.table.to_wire(),
+            "states": [s.to_dict() for s in state.specs.values()],
+            "limits": limits(self.config),
             "heartbeat_timeout": self.config.heartbeat_timeout,  # the node's lease is half of it
-            "checkpoints": self.checkpoint_config.model_dump() if self.checkpoints else None,
+            "checkpoints": checkpoints.model_dump() if checkpoints else None,
         }
 
-    def _limits(self) -> dict:
-        return {"max_key_bytes": self.config.max_key_bytes, "max_value_bytes": self.config.max_value_bytes}
-
-    async def heartbeat(self, msg: p.Heartbeat, conn) -> int:
-        if self.membership.heartbeat(msg.node_id, time.monotonic()):
+    async def heartbeat(self, msg: p.Heartbeat, conn: Connection) -> int:
+        if self.state.membership.heartbeat(msg.node_id, time.monotonic()):
             # it was cut off, not gone: partitions restored elsewhere meanwhile stay there
-            member = self.membership[msg.node_id]
-            self.event("member_returned", node=member.node_id, address=member.address)
+            member = self.state.membership[msg.node_id]
+            self._event("member_returned", node=member.node_id, address=member.address)
             await self._save()
             self._spawn(self._welcome_back(member.node_id))
-        return self.table.epoch
+        return self.state.table.epoch
 
     async def _welcome_back(self, node_id: str) -> None:
         """A node back from being cut off learns the current table (it drops what was restored elsewhere), then gets its share.
@@ -72,12 +86,12 @@ class MemberHandlers:
         await self._rebalance()
 
     async def _send_table(self, node_id: str) -> None:
-        async with self.table_lock:
-            await self.peer(node_id).rpc(self.security).call(p.ApplyTable(table=self.table.to_wire()))
+        async with self.lock:
+            await self.peers.channel(node_id).call(p.ApplyTable(table=self.state.table.to_wire()))
 
-    async def leave(self, msg: p.Leave, conn) -> dict:
-        if not self.membership.leave(msg.node_id):  # nobody to take its partitions: they wait on its disk for its return
-            self.event("member_stopped", node=msg.node_id, reason="last node; partitions stay on its disk")
+    async def leave(self, msg: p.Leave, conn: Connection) -> dict:
+        if not self.state.membership.leave(msg.node_id):  # nobody to take its partitions: they wait on its disk for its return
+            self._event("member_stopped", node=msg.node_id, reason="last node; partitions stay on its disk")
             await self._save()
             return {"moved": 0}
         moved = []
@@ -95,16 +109,16 @@ class MemberHandlers:
             await LEAVE_RETRY.acall(round_of_moves)
         except (RockstateError, OSError) as e:
             # it exits all the same: what did not move goes to its backups or the checkpoint, as for a death
-            self.membership.leave_failed(msg.node_id)
+            self.state.membership.leave_failed(msg.node_id)
             await self._declare_dead(msg.node_id, reason=f"its partitions could not all move off it: {e}")
             raise
         await self.replicas.moved_off(msg.node_id)  # never fewer in-sync replicas than configured while it leaves
-        self.membership.left(msg.node_id)
-        self.event("member_left", node=msg.node_id)
+        self.state.membership.left(msg.node_id)
+        self._event("member_left", node=msg.node_id)
         await self._save()
         # its backup copies go with it: left in an in-sync set, primaries would wait for it and a promotion would ask it
         await self.replicas.members_dead([msg.node_id])
         return {"moved": sum(moved)}
 
     def _holds_primaries(self, node_id: str) -> bool:
-        return node_id in self.table.owners or (self.replicas.enabled and node_id in self.replicas.owners())
+        return node_id in self.state.table.owners or (self.replicas.enabled and node_id in self.replicas.owners())

@@ -5,8 +5,14 @@ Every name here is listed in docs/operations.md and used by docs/grafana/rocksta
 
 from __future__ import annotations
 
+from typing import Callable, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily
+
+from ...control.membership import MemberStatus
+from .checkpoints import ClusterCheckpoints
+from .state import ClusterState
 
 CHECKPOINT_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 BATCH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -15,8 +21,9 @@ BATCH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 class CoordinatorMetrics:
     """The coordinator's metrics: counted from its events as they happen, and read from its state when scraped."""
 
-    def __init__(self, coordinator) -> None:
-        self.coordinator = coordinator
+    def __init__(self, state: ClusterState, checkpoints: Callable[[], ClusterCheckpoints | None]) -> None:
+        """``state``: the record read when scraped; ``checkpoints()``: the cluster's, if any."""
+        self.state, self._checkpoints = state, checkpoints
         self.registry = r = CollectorRegistry()
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
@@ -52,7 +59,9 @@ class CoordinatorMetrics:
             self.checkpoints.labels("completed").inc()
             self.checkpoint_seconds.observe(data.get("seconds") or 0)
             self.checkpoint_uploaded.inc(data.get("bytes_uploaded") or 0)
-            record = next((r for r in reversed(self.coordinator.checkpoints.history()) if r["checkpoint_id"] == data["checkpoint"]), None)
+            checkpoints = self._checkpoints()
+            history = checkpoints.history() if checkpoints is not None else []  # (an event of the checkpoints: they exist)
+            record = next((r for r in reversed(history) if r["checkpoint_id"] == data["checkpoint"]), None)
             if record is not None:
                 self.checkpoint_size.set(record["size"])
         elif event == "checkpoint_aborted":
@@ -71,21 +80,22 @@ class CoordinatorMetrics:
                 seen = batch["batch"]
         self._seen_batches[query] = seen
 
-    def collect(self):
-        c = self.coordinator
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        c = self.state
         members = GaugeMetricFamily("rockstate_coordinator_members", "Nodes by membership state", labels=["state"])
-        states = {"alive": 0, "dead": 0, "leaving": 0, "left": 0}
-        for m in c.members.values():
-            states[str(m.status)] = states.get(str(m.status), 0) + 1
+        states = dict.fromkeys((str(s) for s in MemberStatus), 0)
+        for m in c.membership.members.values():
+            states[str(m.status)] += 1
         for state, n in states.items():
             members.add_metric([state], n)
         yield members
         owners = c.table.owners
-        live = {m.node_id for m in c.members.values() if str(m.status) in ("alive", "leaving")}
+        live = {m.node_id for m in c.membership.members.values() if m.status in (MemberStatus.ALIVE, MemberStatus.LEAVING)}
         yield GaugeMetricFamily("rockstate_coordinator_partitions", "Partitions of the cluster (P)", len(owners))
         yield GaugeMetricFamily("rockstate_coordinator_partitions_unavailable", "Partitions without a live owner", sum(o not in live for o in owners))
         yield GaugeMetricFamily("rockstate_coordinator_table_epoch", "The partition table's epoch", c.table.epoch)
         yield GaugeMetricFamily("rockstate_coordinator_migrations_in_flight", "Partitions moving now", len(self.moving))
         yield GaugeMetricFamily("rockstate_coordinator_failovers_pending", "Dead nodes whose partitions are not restored yet", len(c.failovers))
-        latest = c.checkpoints.latest() if c.checkpoints is not None else None
+        checkpoints = self._checkpoints()
+        latest = checkpoints.latest() if checkpoints is not None else None
         yield GaugeMetricFamily("rockstate_coordinator_checkpoint_latest_id", "Id of the latest completed checkpoint (-1: none)", -1 if latest is None else latest)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 from ...control.membership import Member
 from ...errors import ClusterError
 from ...rpc.async_client import AsyncChannel
+from ...rpc.messages import Message
 from ..security import Security
 
 log = logging.getLogger(__name__)
@@ -31,8 +32,10 @@ class Peer:
 
 
 class Peers:
-    def __init__(self, security: Security) -> None:
+    def __init__(self, security: Security, member: Callable[[str], Member]) -> None:
+        """``member(node_id)``: the member by that id (KeyError: none)."""
         self.security = security
+        self._member = member
         self._peers: dict[str, Peer] = {}
 
     def __getitem__(self, member: Member) -> Peer:
@@ -40,7 +43,17 @@ class Peers:
         peer.address = member.address
         return peer
 
-    async def broadcast(self, members: Iterable[Member], msg) -> list[tuple[Peer, object]]:
+    def of(self, node_id: str) -> Peer:
+        """The member ``node_id`` (KeyError: not a member)."""
+        return self[self._member(node_id)]
+
+    def channel(self, node_id: str) -> AsyncChannel:
+        return self.of(node_id).rpc(self.security)
+
+    def address(self, node_id: str) -> str:
+        return self.of(node_id).address
+
+    async def broadcast(self, members: Iterable[Member], msg: Message) -> list[tuple[Peer, Any]]:
         """``msg`` to each member at once; their answers, or the errors they failed with (logged)."""
         peers = [self[m] for m in members]
         results = await asyncio.gather(*(peer.rpc(self.security).call(msg) for peer in peers), return_exceptions=True)
@@ -49,7 +62,7 @@ class Peers:
                 log.warning("%s to %s failed: %s", msg.op, peer.node_id, r)
         return list(zip(peers, results))
 
-    async def ask_all(self, members: Iterable[Member], msg) -> list[tuple[Peer, object]]:
+    async def ask_all(self, members: Iterable[Member], msg: Message) -> list[tuple[Peer, Any]]:
         """``msg`` to each member; their answers, or a ``ClusterError`` when one did not answer."""
         answers = await self.broadcast(members, msg)
         for peer, r in answers:

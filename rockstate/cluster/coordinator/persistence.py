@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Callable
+from typing import Callable, cast
 
 from ...errors import NotLeaderError, StaleVersionError
 from ...files import read_json, write_json
@@ -51,7 +51,7 @@ class DataDirectory:
         self.events = EventLog(os.path.join(data_dir, "events.jsonl"))
 
     def load(self) -> dict:
-        return read_json(self.path) or {}
+        return cast(dict, read_json(self.path) or {})
 
     async def save(self, record: dict) -> None:
         write_json(self.path, record)
@@ -80,8 +80,7 @@ class ZooKeeperDocuments:
             if name != EVENTS:
                 record.update(doc.data)
         # a deposed leader may have numbered a few events it did not keep: numbers only grow
-        self.events = EventLog(None, self._saved.get(EVENTS, {}).get(EVENTS, []), skip=UNKEPT)
-        self.events.on_append = self._events_appended
+        self.events = EventLog(None, self._saved.get(EVENTS, {}).get(EVENTS, []), skip=UNKEPT, on_append=self._events_appended)
         self._record = record
         return record
 

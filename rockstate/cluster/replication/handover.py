@@ -1,6 +1,6 @@
 """The coordinator's side of a replicated partition's move: ``control/migration.py``'s ``Handover``, carried out.
 
-The target joins as an extra backup and catches up (``replicas.py``'s
+The target joins as an extra backup and catches up (``in_sync.py``'s
 catch-up, a hard-link copy and the stream), with another one when the old
 primary's departure would leave too few; once the coordinator counts them
 in sync, the source drains (``Drain``: writes wait, and it answers once its
@@ -15,38 +15,40 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import Awaitable, Callable
 
-from ...control.in_sync import CatchUp
+from ...control.in_sync import Action, CatchUp, InSyncSets
 from ...control.migration import Handover, HandoverStep as Step
 from ...errors import ClusterError, RockstateError
+from ...rpc.async_client import AsyncChannel
 from .. import protocol as p
-
-if TYPE_CHECKING:
-    from .in_sync import ReplicaControl
 
 log = logging.getLogger(__name__)
 
 POLL = 0.1  # seconds between looks at the in-sync set while the target catches up
 
 
-async def run_handover(h: Handover, rc: "ReplicaControl", event: Callable[..., None]) -> None:
-    c, pid = rc.c, h.partition
+async def run_handover(h: Handover, sets: InSyncSets, *, carry_out: Callable[[list[Action]], Awaitable[None]],
+                       catch_up: Callable[[CatchUp], Awaitable[int | None]], channel: Callable[[str], AsyncChannel],
+                       event: Callable[..., None]) -> None:
+    """Carry out ``h`` on the partition's replica ``sets``: ``carry_out(actions)`` and ``catch_up(a)`` as the replica
+    control does them, ``channel(node)`` a connection to a member, ``event(name, **data)`` records what happened."""
+    pid = h.partition
     where = {"partition": pid, "source": h.source, "target": h.target}
-    src, dst = c.peer(h.source).rpc(c.security), c.peer(h.target).rpc(c.security)
+    src, dst = channel(h.source), channel(h.target)
 
     async def add() -> int:
-        rc.sets.reserve(pid, {h.target, *h.adds})  # not dropped by the replica planner while this runs
-        actions = [a for node in h.adds for a in rc.sets.add_backup(pid, node)]
+        sets.reserve(pid, {h.target, *h.adds})  # not dropped by the replica planner while this runs
+        actions = [a for node in h.adds for a in sets.add_backup(pid, node)]
         if len(actions) != 2 * len(h.adds):  # a Publish and a CatchUp each
             raise ClusterError(f"{list(h.adds)} cannot all be added as backups of partition {pid}")
-        await rc.carry_out([a for a in actions if not isinstance(a, CatchUp)])
-        copied = await asyncio.gather(*(rc.catch_up(a) for a in actions if isinstance(a, CatchUp)))
+        await carry_out([a for a in actions if not isinstance(a, CatchUp)])
+        copied = await asyncio.gather(*(catch_up(a) for a in actions if isinstance(a, CatchUp)))
         return sum(n or 0 for n in copied)
 
     async def caught_up() -> None:
         while True:
-            s = rc.sets[pid]
+            s = sets[pid]
             if s.primary != h.source or not {h.target, *h.adds} <= set(s.backups):
                 raise ClusterError(f"partition {pid} changed while {[h.target, *h.adds]} caught up "
                                    f"(primary {s.primary}, backups {s.backups})")
@@ -61,10 +63,10 @@ async def run_handover(h: Handover, rc: "ReplicaControl", event: Callable[..., N
         return answer.get(pid, answer.get(str(pid)))
 
     async def promote() -> None:
-        actions = rc.sets.promote(pid, h.target, h.source)
+        actions = sets.promote(pid, h.target, h.source)
         if not actions:
             raise ClusterError(f"partition {pid} could not be handed to {h.target}: it changed meanwhile")
-        await rc.carry_out(actions)
+        await carry_out(actions)
 
     requests: dict[Step, Callable[[], Awaitable]] = {
         Step.ADD: add,
@@ -86,7 +88,7 @@ async def run_handover(h: Handover, rc: "ReplicaControl", event: Callable[..., N
                 reason = reason or f"{step}: {e}"
                 step = h.failed(time.monotonic())
     finally:
-        rc.sets.release(pid)
+        sets.release(pid)
     if step is Step.FAILED:
         reason = reason or "the target lacked batches the source wrote; it stays a backup"
         event("migration_failed", **where, reason=reason)

@@ -32,19 +32,20 @@ import logging
 import math
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from enum import StrEnum
+from typing import Awaitable, Callable, Coroutine, Mapping, Sequence
 
+from ...config import CoordinatorConfig
 from ...control import placement, replica_placement
 from ...control.in_sync import AskPositions, CatchUp, InSyncSets, Promoted, Publish, RestoreFromCheckpoint
 from ...control.membership import MemberStatus
 from ...control.migration import Handover
 from ...errors import RockstateError
+from ...rpc.async_client import AsyncChannel
+from ...rpc.server import Connection
 from .. import protocol as p
 from .handover import run_handover
 from ..table import Table
-
-if TYPE_CHECKING:
-    from ..coordinator.server import Coordinator
 
 log = logging.getLogger(__name__)
 
@@ -53,15 +54,35 @@ LEAVE_TIMEOUT = 300.0  # seconds a leaving node's backups may take to be replace
 STUCK = 10  # replica timeouts a backup may stay out of sync before it copies anew (a copy under load takes seconds to stream level)
 
 
+class Report(StrEnum):
+    """What a primary reports of one of its backups (``ReplicaReport``)."""
+
+    CAUGHT_UP = "caught_up"
+    UNREACHABLE = "unreachable"
+    DIVERGED = "diverged"  # its copy is not the primary's any more: only a new copy brings it back
+
+
 class ReplicaControl:
-    def __init__(self, coordinator: "Coordinator", saved: dict) -> None:
-        self.c = coordinator
-        config = coordinator.config
+    def __init__(self, config: CoordinatorConfig, *, publish: Callable[[list[str | None]], Awaitable[None]],
+                 statuses: Callable[[], Mapping[str, MemberStatus]], channel: Callable[[str], AsyncChannel],
+                 address: Callable[[str], str], restore_lost: Callable[[str], Awaitable[None]],
+                 spawn: Callable[[Coroutine], None], event: Callable[..., None]) -> None:
+        """``publish(owners)``: a new table with these primaries, sent to the members (a leaving one too);
+        ``statuses()``: every member's status; ``channel(node)``/``address(node)``: a member's connection and address
+        (KeyError: not a member); ``restore_lost(node)``: a dead node's partitions that no backup took go to the
+        checkpoint restore; ``spawn(coro)``: a background task of the leading coordinator; ``event(name, **data)``."""
         self.backup_count, self.replication, self.timeout = config.backup_count, config.replication, config.replica_timeout
+        self._concurrent = config.max_concurrent_migrations
+        self._publish, self._statuses, self._channel, self._address = publish, statuses, channel, address
+        self._restore_lost, self._spawn, self._event = restore_lost, spawn, event
+        self.load({}, [])
+
+    def load(self, saved: dict, owners: Sequence[str | None]) -> None:
+        """Take up a saved record's replica sets and zones (none saved: each owner is its partition's primary)."""
         if saved.get("replicas"):
             self.sets = InSyncSets.from_wire(self.backup_count, saved["replicas"])
         else:
-            self.sets = InSyncSets(self.backup_count, [[o] if o else [] for o in coordinator.table.owners])
+            self.sets = InSyncSets(self.backup_count, [[o] if o else [] for o in owners])
         self.zones: dict[str, str] = saved.get("zones", {})
         # since when, as this coordinator saw it. A backup out of sync when it starts leading is due at once: a copy
         # the last leader started is not known here (one still under way on the node is joined there, not repeated)
@@ -102,8 +123,7 @@ class ReplicaControl:
         return [lost.get(pid, s.primary) for pid, s in enumerate(self.sets.sets)]
 
     async def publish(self) -> None:
-        c = self.c
-        await c._publish(c.table.with_owners(self.owners(), c.membership.addresses()), include_leaving=True)
+        await self._publish(self.owners())
 
     def pending(self) -> set[int]:
         """Partitions whose primary died and whose backups are still being asked: not for a restore."""
@@ -120,29 +140,28 @@ class ReplicaControl:
         await asyncio.gather(*(self._elect(a) for a in actions if isinstance(a, AskPositions)))
 
     def _spawn_catch_up(self, a: CatchUp) -> None:
-        if self.c.membership.members.get(a.node) is not None and self.sets.copy_started(a.partition, a.node):
-            self.c._spawn(self._catch_up(a))
+        if a.node in self._statuses() and self.sets.copy_started(a.partition, a.node):
+            self._spawn(self._catch_up(a))
 
     async def catch_up(self, a: CatchUp) -> int | None:
         """Carry out a catch-up and wait for its copy; answers the bytes copied (None: none, or it failed)."""
-        if self.c.membership.members.get(a.node) is not None and self.sets.copy_started(a.partition, a.node):
+        if a.node in self._statuses() and self.sets.copy_started(a.partition, a.node):
             return await self._catch_up(a)
         return None
 
     async def _catch_up(self, a: CatchUp) -> int | None:
-        c = self.c
         if self._limit is None:
-            self._limit = asyncio.Semaphore(c.config.max_concurrent_migrations)
+            self._limit = asyncio.Semaphore(self._concurrent)
         try:
             async with self._limit:
                 s = self.sets[a.partition]
                 if a.node not in s.backups or s.primary is None:
                     return None
                 started = time.monotonic()
-                copied = await c.peer(a.node).rpc(c.security).call(p.ReplicaCatchUp(
-                    partition=a.partition, source=c.peer(s.primary).address, epoch=s.epoch), timeout=CATCH_UP_TIMEOUT)
-                c.event("replica_copied", partition=a.partition, node=a.node, primary=s.primary, bytes=copied,
-                        seconds=round(time.monotonic() - started, 3))
+                copied = await self._channel(a.node).call(p.ReplicaCatchUp(
+                    partition=a.partition, source=self._address(s.primary), epoch=s.epoch), timeout=CATCH_UP_TIMEOUT)
+                self._event("replica_copied", partition=a.partition, node=a.node, primary=s.primary, bytes=copied,
+                            seconds=round(time.monotonic() - started, 3))
                 return copied
         except (RockstateError, OSError, KeyError) as e:
             log.warning("backup %s of partition %d could not catch up: %s", a.node, a.partition, e)
@@ -153,10 +172,9 @@ class ReplicaControl:
 
     async def _elect(self, a: AskPositions) -> None:
         """Ask the in-sync backups of a partition whose primary died how far they are; promote the most advanced."""
-        c = self.c
         async def ask(node: str) -> dict:
             try:
-                answer = await c.peer(node).rpc(c.security).call(
+                answer = await self._channel(node).call(
                     p.ReplicaPositions(partitions=[a.partition]), timeout=max(2.0, 2 * self.timeout))
                 return {node: answer.get(a.partition, answer.get(str(a.partition)))}  # None: it holds no copy
             except (RockstateError, OSError, KeyError):
@@ -168,11 +186,11 @@ class ReplicaControl:
             await self.publish()
         for act in actions:
             if isinstance(act, Promoted):
-                c.event("primary_promoted", partition=act.partition, node=act.primary, previous=act.previous,
-                        epoch=act.epoch, position=answers[act.primary])
+                self._event("primary_promoted", partition=act.partition, node=act.primary, previous=act.previous,
+                            epoch=act.epoch, position=answers[act.primary])
             elif isinstance(act, RestoreFromCheckpoint):
-                c.event("promotion_failed", partition=act.partition, previous=act.lost, reason=act.reason)
-                await c.restore_lost(act.lost)
+                self._event("promotion_failed", partition=act.partition, previous=act.lost, reason=act.reason)
+                await self._restore_lost(act.lost)
 
     # -- events ------------------------------------------------------------------
 
@@ -191,8 +209,9 @@ class ReplicaControl:
             log.info("move of partition %d from %s to %s dropped: its primary is %s now", pid, move.source, move.target, s.primary)
             return
         adds = replica_placement.handover_adds(self.sets.table(), pid, move.source, move.target, s.in_sync,
-                                               self.c.membership.statuses(), self.backup_count, self.zones)
-        await run_handover(Handover(pid, move.source, move.target, tuple(adds)), self, self.c.event)
+                                               self._statuses(), self.backup_count, self.zones)
+        await run_handover(Handover(pid, move.source, move.target, tuple(adds)), self.sets, carry_out=self.carry_out,
+                           catch_up=self.catch_up, channel=self._channel, event=self._event)
 
     async def moved_off(self, node: str, timeout: float = LEAVE_TIMEOUT) -> None:
         """A leaving node's backups are replaced (``ensure``: each new one in sync before the old one is dropped);
@@ -218,30 +237,31 @@ class ReplicaControl:
         if self.enabled:
             await self.carry_out(self.sets.returned(node))
 
-    async def report(self, msg: p.ReplicaReport, conn) -> None:
+    async def report(self, msg: p.ReplicaReport, conn: Connection) -> None:
         actions = []
         for pid, backup, epoch, kind in msg.reports:
             s = self.sets[pid]
             if s.primary != msg.node_id:
                 continue  # a deposed primary's report
-            if kind == "caught_up":
+            if kind == Report.CAUGHT_UP:
                 done = self.sets.caught_up(pid, backup, epoch)
                 log.debug("%s: %s caught up at epoch %d (now %d, copying %s): %s", msg.node_id, backup, epoch, s.epoch,
                           (pid, backup) in self.sets.copying, "in sync" if backup in s.in_sync else "refused")
                 actions += done
-            elif kind in ("unreachable", "diverged"):
+            elif kind in (Report.UNREACHABLE, Report.DIVERGED):
                 was_in_sync = backup in s.in_sync
-                done = self.sets.unreachable(pid, backup, epoch) if kind == "unreachable" else self.sets.diverged(pid, backup, epoch)
+                done = (self.sets.unreachable(pid, backup, epoch) if kind == Report.UNREACHABLE
+                        else self.sets.diverged(pid, backup, epoch))
                 if was_in_sync and done:
                     self._out_of_sync[pid, backup] = time.monotonic()  # the stream may bring it back; else a copy
-                    self.c.event("replica_out_of_sync", partition=pid, node=backup, primary=msg.node_id, reason=kind)
+                    self._event("replica_out_of_sync", partition=pid, node=backup, primary=msg.node_id, reason=kind)
                 # diverged (no copy open, or the primary's copy was restored or got an SST file): only a copy brings it back
-                actions += [a for a in done if kind == "diverged" or not isinstance(a, CatchUp)]
+                actions += [a for a in done if kind == Report.DIVERGED or not isinstance(a, CatchUp)]
         await self.carry_out(actions)
 
     async def ensure(self) -> None:
         """Add the backups the plan wants, drop those it does not, restart catch-ups that are stuck."""
-        if not self.enabled or not self.c.membership.alive():
+        if not self.enabled or MemberStatus.ALIVE not in self._statuses().values():
             return
         try:
             await self._ensure()
@@ -252,7 +272,7 @@ class ReplicaControl:
 
     async def _ensure(self) -> None:
         await self.elect_pending()
-        statuses = self.c.membership.statuses()
+        statuses = self._statuses()
         plan = replica_placement.plan(self.sets.table(), statuses, self.backup_count, self.zones)
         lost, actions = self.sets.lost(), []
         for step in plan.steps:

@@ -17,11 +17,10 @@ import base64
 import hmac
 import logging
 import os
+from typing import Awaitable, Callable
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-from .status import Figures, cluster_status
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +28,13 @@ STATIC = os.path.join(os.path.dirname(__file__), "static")
 
 
 class StatusServer:
-    def __init__(self, coordinator) -> None:
-        self.coordinator = coordinator
+    def __init__(self, secret: bytes | None, registry: CollectorRegistry, *, leading: Callable[[], bool],
+                 status: Callable[[], Awaitable[dict]], coordinators: Callable[[], Awaitable[dict]]) -> None:
+        """``registry``: the coordinator's metrics; ``leading()``: whether it leads; ``status()``: the cluster's
+        status document; ``coordinators()``: the leader and the standbys."""
+        self.secret, self.registry = secret, registry
+        self._leading, self._status, self._coordinators = leading, status, coordinators
         self.url: str | None = None
-        self.figures = Figures()  # the nodes' figures, shared by every reader of the status
         self._runner: web.AppRunner | None = None
 
     def _app(self) -> web.Application:
@@ -59,8 +61,9 @@ class StatusServer:
             self._runner = None
 
     @web.middleware
-    async def _authorize(self, request: web.Request, handler):
-        secret = self.coordinator.security.secret
+    async def _authorize(self, request: web.Request,
+                         handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        secret = self.secret
         if secret is not None and not _carries(request.headers.get("Authorization", ""), secret):
             return web.Response(status=401, text="this cluster has a secret: give it as the password (any user name)\n",
                                 headers={"WWW-Authenticate": 'Basic realm="rockstate"'})
@@ -70,14 +73,13 @@ class StatusServer:
         return web.FileResponse(os.path.join(STATIC, "index.html"), headers={"Cache-Control": "no-cache"})
 
     async def status(self, request: web.Request) -> web.Response:
-        c = self.coordinator
-        if not c.role.leading:  # a standby's state is not the cluster's: it names the leader instead
-            return web.json_response({"leading": False, "coordinators": await c.coordinators()}, status=503,
+        if not self._leading():  # a standby's state is not the cluster's: it names the leader instead
+            return web.json_response({"leading": False, "coordinators": await self._coordinators()}, status=503,
                                      headers={"Cache-Control": "no-store"})
-        return web.json_response(await cluster_status(c), headers={"Cache-Control": "no-store"})
+        return web.json_response(await self._status(), headers={"Cache-Control": "no-store"})
 
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(self.coordinator.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")

@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Iterable
+from typing import Callable, Iterable
 
+from ....control.membership import Member, MemberStatus
+from ....rpc.async_client import AsyncChannel
 from ... import protocol as p
+from ...table import Table
 
 FIGURES_TIMEOUT = 1.0
 FIGURES_EVERY = 2.0  # the page refreshes every 2 s
 EVENTS = 100  # recent events in the document
 MOVES = ("migration_started", "migration_finished", "migration_failed")
-LIVE = ("alive", "leaving")  # statuses whose partitions are served
+LIVE = (MemberStatus.ALIVE, MemberStatus.LEAVING)  # statuses whose partitions are served
 
 
-def table_status(table, members: Iterable, now: float) -> dict:
+def table_status(table: Table, members: Iterable[Member], now: float) -> dict:
     """The table's epoch, and each member with its status, partitions and last heartbeat."""
     counts: dict[str | None, int] = {}
     for owner in table.owners:
@@ -44,29 +47,31 @@ def table_status(table, members: Iterable, now: float) -> dict:
 
 
 class Figures:
-    """The live nodes' figures, kept for ``FIGURES_EVERY`` seconds."""
+    """The live nodes' figures, kept for ``FIGURES_EVERY`` seconds: ``alive()`` the live members,
+    ``channel(node_id)`` a connection to one."""
 
-    def __init__(self) -> None:
-        self.at, self.by_node = float("-inf"), {}
+    def __init__(self, alive: Callable[[], list[Member]], channel: Callable[[str], AsyncChannel]) -> None:
+        self._alive, self._channel = alive, channel
+        self.at = float("-inf")
+        self.by_node: dict[str, dict | None] = {}
 
-    async def get(self, coordinator) -> dict[str, dict | None]:
+    async def get(self) -> dict[str, dict | None]:
         if time.monotonic() - self.at >= FIGURES_EVERY:
             self.at = time.monotonic()  # first: readers meanwhile take the figures there are
-            self.by_node = await _ask_figures(coordinator)
+            self.by_node = await self._ask()
         return self.by_node
 
+    async def _ask(self) -> dict[str, dict | None]:
+        alive = self._alive()
 
-async def _ask_figures(coordinator) -> dict[str, dict | None]:
-    alive = coordinator.membership.alive()
+        async def one(member: Member) -> dict | None:
+            try:
+                return await self._channel(member.node_id).call(p.NodeFigures(), timeout=FIGURES_TIMEOUT)
+            except Exception:  # noqa: BLE001 -- a slow or older node is shown without figures
+                return None
 
-    async def one(member):
-        try:
-            return await coordinator.peer(member.node_id).rpc(coordinator.security).call(p.NodeFigures(), timeout=FIGURES_TIMEOUT)
-        except Exception:  # noqa: BLE001 -- a slow or older node is shown without figures
-            return None
-
-    answers = await asyncio.gather(*(one(m) for m in alive))
-    return {m.node_id: a for m, a in zip(alive, answers)}
+        answers = await asyncio.gather(*(one(m) for m in alive))
+        return {m.node_id: a for m, a in zip(alive, answers)}
 
 
 def _moves(events: list[dict]) -> list[dict]:
@@ -80,25 +85,22 @@ def _moves(events: list[dict]) -> list[dict]:
     return sorted(moving.values(), key=lambda m: m["partition"])
 
 
-async def cluster_status(coordinator) -> dict:
-    c = coordinator
-    status = table_status(c.table, c.members.values(), time.monotonic())
-    figures = await c.web.figures.get(c)
+def cluster_status(status: dict, figures: dict[str, dict | None], events: list[dict], *, states: int, coordinators: dict, failovers: Iterable[str], backup_count: int,
+                   replication: str, replicas: list[dict], pipelines: Iterable[dict], checkpoints: dict | None) -> dict:
+    """The document, from what the coordinator read for it: ``status`` its ``table_status``, ``events`` the recent
+    ones (moves in flight are told from them), ``checkpoints`` the storage's url, latest and history (None: none)."""
     for node in status["nodes"]:
         node["figures"] = figures.get(node["node_id"])
-    events = c.events.latest(1000)
-    history = c.checkpoints.history() if c.checkpoints is not None else []
     return {
         **status,
-        "states": len(c.specs),
-        "coordinators": await c.coordinators(),
+        "states": states,
+        "coordinators": coordinators,
         "moves": _moves(events),
-        "failovers": sorted(c.failovers),
-        "backup_count": c.config.backup_count,
-        "replication": c.config.replication,
-        "replicas": c.replicas.status() if c.replicas.enabled else [],  # primary, backups, in sync
+        "failovers": sorted(failovers),
+        "backup_count": backup_count,
+        "replication": replication,
+        "replicas": replicas,  # primary, backups, in sync
         "events": events[-EVENTS:],
-        "pipelines": sorted(c.pipelines.values(), key=lambda r: -r.get("updated", 0)),
-        "checkpoints": None if c.checkpoints is None else {
-            "url": c.checkpoint_config.url, "latest": c.checkpoints.latest(), "history": history, "recent": history[-5:]},
+        "pipelines": sorted(pipelines, key=lambda r: -r.get("updated", 0)),
+        "checkpoints": None if checkpoints is None else {**checkpoints, "recent": checkpoints["history"][-5:]},
     }

@@ -1,0 +1,230 @@
+"""The coordinator's side of ``control/placement.py``: the moves that balance the table, and the failover of a dead
+node's partitions, carried out; every new table goes out through ``publish``.
+
+A dead node keeps its partitions (they are unavailable until it returns, or,
+with checkpoints configured, until they are restored elsewhere): moving them
+without their data would lose it. With backups, its partitions first go to
+their most advanced in-sync backup (``replication/in_sync.py``); only what has
+no replica left is restored. A join or a graceful leave moves each partition
+whose owner changes, at most ``max_concurrent_migrations`` at once (a plain
+move: ``migration.py``; with backups, a handover: ``replication/handover.py``);
+every finished move is its own epoch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Awaitable, Callable, Coroutine
+
+from ...config import CoordinatorConfig
+from ...control import placement
+from ...control.membership import MemberStatus
+from ...control.migration import Migration
+from ...errors import RockstateError
+from ...retry import Retry
+from ...rpc.messages import Message
+from .. import protocol as p
+from .checkpoints import ClusterCheckpoints
+from .migration import run_move
+from .peers import Peer, Peers
+from .state import ClusterState
+from ..replication.in_sync import ReplicaControl
+from ..table import Table
+
+log = logging.getLogger(__name__)
+
+
+class _NotYet(Exception):
+    """A failover try that did not restore the partitions: no live node yet, or a restore failed."""
+
+
+FAILOVER_RETRY = Retry(deadline=None, initial=0.2, maximum=5.0, retry_on=lambda e: isinstance(e, _NotYet))  # until it is done
+
+
+class Placement:
+    def __init__(self, config: CoordinatorConfig, state: ClusterState, replicas: ReplicaControl, peers: Peers, *,
+                 lock: asyncio.Lock, checkpoints: Callable[[], ClusterCheckpoints | None], save: Callable[[], Awaitable[None]],
+                 event: Callable[..., None], spawn: Callable[[Coroutine], None]) -> None:
+        """``lock``: held while partitions move (checkpoints hold it too); ``checkpoints()``: the cluster's, if any;
+        ``save()``: the record kept; ``event(name, **data)``; ``spawn(coro)``: a background task of the leader."""
+        self.config, self.state, self.replicas, self.peers, self.lock = config, state, replicas, peers, lock
+        self._checkpoints, self._save, self._event, self._spawn = checkpoints, save, event, spawn
+        self.load(restore_on_start=False)
+
+    def load(self, restore_on_start: bool) -> None:
+        """A record taken up; ``restore_on_start``: a new cluster, so it starts from the storage's latest checkpoint."""
+        self._restore_on_start = restore_on_start  # and the storage holds one: see prepare()
+        self.resumed = asyncio.Event()  # moves wait until the nodes' leases under an earlier table could have run out
+
+    async def prepare(self) -> None:
+        """Before it leads: the checkpoint storage opened, so a request answered from then on finds it."""
+        checkpoints = self._checkpoints()
+        if checkpoints is not None:
+            await checkpoints.open()
+            self._restore_on_start = self._restore_on_start and checkpoints.latest() is not None
+
+    def partitions_by_node(self) -> list[tuple[Peer, list[int]]]:
+        """Each live owner with the partitions it owns."""
+        return [(self.peers.of(o), pids) for o, pids in placement.by_owner(self.state.table.owners, self.state.membership.statuses())]
+
+    # -- the leader's start -------------------------------------------------------------
+
+    async def resume(self) -> None:
+        """After a restart: once the nodes have checked in, clear what moves in flight left, and rebalance.
+
+        A move interrupted by the crash never changed the table (it changes
+        last), so its source still owns the partition: thawing it and
+        dropping the copies rolls the move back; the rebalance redoes it.
+        """
+        started = time.monotonic()
+        while time.monotonic() - started < self.config.heartbeat_timeout and not self.state.membership.checked_in_since(started):
+            await asyncio.sleep(0.05)
+        async with self.lock:
+            await self.broadcast(p.Thaw())
+            # a new epoch: a source that let go of a partition just before the crash takes it back
+            await self.publish(self.state.table.with_addresses(self.state.membership.addresses()))
+        self.resumed.set()
+        self._event("coordinator_resumed", epoch=self.state.table.epoch)
+        for node_id in self.state.failovers:  # a failover the crash interrupted is done now
+            self._spawn(self.failover(node_id))
+        await self.rebalance()
+
+    # -- balance ---------------------------------------------------------------------------
+
+    def unbalanced(self) -> bool:
+        """Moves are due and nothing is changing the table now."""
+        return (self.resumed.is_set() and not self.lock.locked() and not self._forming()
+                and bool(placement.rebalance(self.state.table.owners, self.state.membership.statuses())))
+
+    def _forming(self) -> bool:
+        """A new cluster: no partition was ever assigned."""
+        return all(owner is None for owner in self.state.table.owners)
+
+    async def rebalance(self) -> int:
+        """Move partitions until the table is balanced over the live nodes; returns how many moved."""
+        await self.resumed.wait()
+        async with self.lock:
+            if len(self.state.membership.alive()) < (self.config.initial_cluster_size if self._forming() else 1):
+                return 0
+            planned = placement.rebalance(self.state.table.owners, self.state.membership.statuses())
+            limit = asyncio.Semaphore(self.config.max_concurrent_migrations)
+
+            async def one(move: placement.Move) -> None:
+                async with limit:
+                    await self._move(move)
+
+            # every move ends before the lock is let go: a failed one must not leave the others running beside the
+            # next rebalance (it would plan the same partitions again, and two handovers of one would race)
+            failed = [r for r in await asyncio.gather(*(one(mv) for mv in planned), return_exceptions=True) if r is not None]
+            if failed:
+                raise failed[0]
+            checkpoints = self._checkpoints()  # (restore_on_start: a cluster with checkpoints)
+            if self._restore_on_start and checkpoints is not None and None not in self.state.table.owners:
+                self._restore_on_start = False
+                chk = checkpoints.latest()
+                await checkpoints.restore_partitions(chk, self.partitions_by_node())
+                self._event("cluster_restored", checkpoint=chk, reason="new cluster on a storage with checkpoints")
+            self._spawn(self.replicas.ensure())
+            return len(planned)
+
+    async def _move(self, move: placement.Move) -> None:
+        """Move a partition (migration.py; with backups, handover.py); writes to it wait only from the freeze to the new table."""
+        serving = self.state.membership.serving
+        if self.replicas.enabled and move.source is not None:  # (None: a new cluster's first placement)
+            await self.replicas.hand_over(move, serving(move.source))
+            return
+        m = Migration(move.partition, move.source, move.target, source_serving=serving(move.source),
+                      live=self.config.live_migration)
+        source = self.peers.of(move.source) if m.copies and move.source is not None else None  # (copies: it serves)
+        await self.replicas.before_move(move.partition, move.target)
+        await run_move(m, source.rpc(self.peers.security) if source else None, self.peers.channel(move.target),
+                       source.address if source else None, lambda: self._commit_owner(m.partition, m.target), self._event)
+
+    async def _commit_owner(self, pid: int, owner: str) -> None:
+        """The new owner serves from the next epoch."""
+        owners = list(self.state.table.owners)
+        owners[pid] = owner
+        await self.publish(self.state.table.with_owners(owners, self.state.membership.addresses()), include_leaving=True)
+
+    # -- a dead node -------------------------------------------------------------------------
+
+    async def declare_dead(self, node_id: str, **why: str) -> None:
+        self._event("member_dead", node=node_id, address=self.state.membership[node_id].address, **why)
+        if self._checkpoints() is not None:
+            self.state.failovers.add(node_id)
+        await self._save()
+        self._spawn(self._dead(node_id))
+
+    async def _dead(self, node_id: str) -> None:
+        """A dead node: its backups promoted where it was primary; then what has no replica left is restored."""
+        await self.replicas.members_dead([node_id])
+        if self._checkpoints() is not None:
+            await self.failover(node_id)
+        if self.replicas.enabled:
+            self._spawn(self.replicas.ensure())  # backup_count restored first (not after the moves): durability before balance
+            await self.rebalance()  # the promoted primaries spread out again
+
+    async def restore_lost(self, dead: str) -> None:
+        """A dead node's partitions whose election found no candidate: restored from the checkpoint, as without backups."""
+        if self._checkpoints() is not None and self.state.membership.statuses().get(dead) is MemberStatus.DEAD:
+            self.state.failovers.add(dead)
+            await self._save()
+            self._spawn(self.failover(dead))
+
+    async def failover(self, dead: str) -> None:
+        """Give a dead node's partitions to the live nodes, restored from the latest completed checkpoint.
+
+        What was written to them after that checkpoint is lost; the
+        ``partition_restored`` events name the checkpoint so a pipeline can
+        rewind to it and replay. A failed restore (storage or a target node
+        failing) is retried until it works or the node comes back: until
+        then its partitions are unavailable, never served from an older state.
+        """
+        async def once() -> None:
+            try:
+                async with self.lock:
+                    electing = self.replicas.pending()  # their backups are asked first: not restored
+                    owners = [None if pid in electing else o for pid, o in enumerate(self.state.table.owners)]
+                    plan = placement.failover(owners, self.state.membership.statuses(), dead)
+                    if plan is not None and dead in self.state.failovers and plan.new_owner:
+                        await self._restore_elsewhere(dead, plan)
+            except (RockstateError, OSError) as exc:
+                log.warning("failover of %s's partitions failed (%s); retrying", dead, exc)
+                self._event("failover_retry", node=dead, reason=str(exc))
+                raise _NotYet() from exc
+            if plan is None:  # no live node is not an error: it waits quietly
+                raise _NotYet()
+
+        await FAILOVER_RETRY.acall(once)
+        if dead in self.state.failovers:
+            self.state.failovers.discard(dead)
+            await self._save()
+
+    async def _restore_elsewhere(self, dead: str, plan: placement.FailoverPlan) -> None:
+        checkpoints = self._checkpoints()  # (a failover is recorded only with checkpoints)
+        chk = checkpoints.latest() if checkpoints is not None else None
+        if checkpoints is not None and chk is not None:
+            await checkpoints.restore_partitions(chk, [(self.peers.of(t), pids) for t, pids in plan.by_target().items()])
+        for pid, node in plan.new_owner.items():  # recorded before the table: a crash in between repeats the failover
+            self._event("partition_restored", partition=pid, checkpoint=chk, node=node, previous=dead)
+        table = self.state.table
+        await self.publish(table.with_owners(plan.owners(table.owners), self.state.membership.addresses()))
+
+    # -- a new table ---------------------------------------------------------------------------
+
+    async def publish(self, table: Table, include_leaving: bool = False) -> None:
+        """A new table: kept, then sent to the nodes (a leaving one too, while its partitions move off it)."""
+        self.state.table, catch_ups = self.replicas.decorate(table)
+        await self._save()
+        await self.broadcast(p.ApplyTable(table=self.state.table.to_wire()), include_leaving)
+        await self.replicas.carry_out(catch_ups)
+
+    async def publish_owners(self, owners: list[str | None]) -> None:
+        """The table with these primaries (the replica control's promotions and handovers), a leaving node told too."""
+        await self.publish(self.state.table.with_owners(owners, self.state.membership.addresses()), include_leaving=True)
+
+    async def broadcast(self, msg: Message, include_leaving: bool = False) -> list[tuple[Peer, Any]]:
+        wanted = (MemberStatus.ALIVE, MemberStatus.LEAVING) if include_leaving else (MemberStatus.ALIVE,)
+        return await self.peers.broadcast([m for m in self.state.membership.members.values() if m.status in wanted], msg)
