@@ -804,7 +804,7 @@ def test_bad_config_through_the_cli(cluster, rs, tmp_path, yaml_file, case):
 
 def test_unparsable_flag_through_the_cli(cluster, rs, tmp_path):
     result = run_cli("node", "--port", "seventy", cwd=str(tmp_path))
-    assert result.returncode == 2
+    assert result.returncode == 64  # a usage error (sysexits EX_USAGE): 1 and 2 are rockstate status verdicts
     assert "argument --port: invalid int value: 'seventy'" in result.stderr and "Traceback" not in result.stderr
     check_serving_and_intact(cluster, rs)
 

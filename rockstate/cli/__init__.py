@@ -5,8 +5,9 @@ Conventions (docs/operations.md, "The command line"):
 - the options of every command that talks to a cluster (``--coordinator``, ``--secret-file``,
   ``--tls-*-file``, ``--output``) and ``-v`` go before or after the command;
 - every flag can come from ``ROCKSTATE_<NAME>`` (``--coordinator-wait``: ``ROCKSTATE_COORDINATOR_WAIT``;
-  a switch such as ``--partitions`` takes 1/true/yes or 0/false/no), for every command; a flag on the
-  command line wins. ``--yes`` is the one exception: a rollback is never confirmed by the environment;
+  a switch such as ``--partitions`` takes 1/true/yes or 0/false/no, and leaves any other value to the
+  command it was meant for: ``ROCKSTATE_PARTITIONS=128`` is the coordinator's), for every command; a
+  flag on the command line wins. ``--yes`` is the one exception: a rollback is never confirmed by the environment;
 - ``--output table|plain|json`` (``--json`` is ``--output json``); piped tables never wrap;
 - exit status: 0 done (``status``: healthy), 1 ``status`` degraded or ``get`` found nothing,
   2 an error (``status``: unavailable, or the coordinator could not be asked), 64 a usage error.
@@ -170,8 +171,8 @@ def _from_environment(action: argparse.Action, text: str) -> Any:
     env = f"ROCKSTATE_{action.dest.upper()}"
     if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
         word = text.strip().lower()
-        if word not in TRUE | FALSE:
-            raise ConfigError(f"{env}={text!r}: give 1, true, yes or 0, false, no (it is the switch {action.option_strings[-1]})")
+        if word not in TRUE | FALSE:  # another command's setting of the same name (ROCKSTATE_PARTITIONS=128): not this switch's
+            return None
         return (word in TRUE) == isinstance(action, argparse._StoreTrueAction)
     if isinstance(action, argparse._AppendAction):
         return [t for t in text.split(",") if t.strip()]

@@ -126,7 +126,7 @@ async def reach_coordinator(config: NodeConfig, wait: float) -> None:
     except RockstateError as e:
         if isinstance(e, ConfigError):
             raise
-        raise CoordinatorUnreachableError(f"the coordinator at {config.coordinator} refused this node: {_reason(e)}") from None
+        raise CoordinatorUnreachableError(f"cannot use the coordinator at {config.coordinator}: {_reason(e)}") from None
     finally:
         await channel.close()
     if attempts["n"] > 1:

@@ -22,7 +22,7 @@ import sys
 import time
 from collections import Counter
 
-from ..errors import RockstateError
+from ..errors import ConfigError, RockstateError
 from .common import Output, backend, coordinator_of, human, output_of, print_json
 
 EXIT = {"healthy": 0, "degraded": 1, "unavailable": 2}
@@ -190,6 +190,8 @@ def check(args: argparse.Namespace) -> tuple[dict | None, dict, list[dict] | Non
                     events = status.get("events", [])
         finally:
             client.close()
+    except ConfigError:
+        raise  # a bad address or TLS file: an error of the command, not a verdict on the cluster
     except RockstateError as e:
         return None, unreachable(address, e), None
     return status, summarize(status), events
@@ -204,6 +206,7 @@ def show(args: argparse.Namespace, out: Output, status: dict | None, summary: di
         return print_json(doc, file=out.file)
     if status is None:
         out.line(f"cluster at {address}: UNAVAILABLE: {summary['reasons'][0]}", STYLE["unavailable"])
+        print(f"rockstate: error: {summary['reasons'][0]}", file=sys.stderr)
         return
     render(out, address, status, summary)
     if args.partitions:

@@ -62,7 +62,7 @@ def test_sizes_are_accepted_and_printed_as_people_write_them():
     err = io.StringIO()
     with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exit:
         main(["node", "--memory-bytes", "4 GiBs"])
-    assert exit.value.code == 2 and "is not a size" in err.getvalue()
+    assert exit.value.code == 64 and "is not a size" in err.getvalue()  # a usage error: never 1 or 2 (status verdicts)
 
 
 def test_restore_asks_first_and_refuses_without_a_yes(cluster):
