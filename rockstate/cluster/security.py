@@ -77,6 +77,9 @@ class Security:
         admin = load_secrets(config.admin_secret_file, None, "admin_secret_file")
         if (client or admin) and not node:
             raise ConfigError("client_secret_file and admin_secret_file need a node secret too (secret_file or ROCKSTATE_SECRET)")
+        from .zkstore import set_process_auth  # coordinators authenticate to ZooKeeper with a credential derived from it
+
+        set_process_auth(node[0] if node else None)
         return cls(
             Credentials.of(node, client, admin) if node else None,
             server_context(config.tls_cert_file, config.tls_key_file, config.tls_ca_file),

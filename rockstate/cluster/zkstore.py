@@ -15,6 +15,17 @@ before it learns it was deposed.
 Calls block (kazoo's threads carry the I/O); an asyncio server calls them
 through ``asyncio.to_thread``. Each call waits at most ``timeout`` seconds;
 kazoo's errors come out as typed ``ZooKeeperError``\\ s.
+
+ACLs (docs/security.md): a store opened with ``auth`` (``"user:password"``,
+ZooKeeper's digest scheme; a coordinator's comes from ``coordinator_auth``)
+authenticates its session and creates every znode — the root, documents, the
+election's — with an ACL that gives that user every right and everyone else
+only READ (``/rockstate`` itself also CREATE, so clusters with other
+credentials can make their roots beside). It sets that ACL on the cluster's
+znodes that exist already too (made before ACLs). Nodes and clients follow
+the leader with a store without ``auth``: they read, and a write, delete or
+create of theirs is refused (``ZooKeeperError``: NoAuthError). Without
+``auth`` znodes are created open, as before.
 """
 
 from __future__ import annotations
@@ -28,7 +39,11 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+import hashlib
+import hmac
+
 from kazoo.client import KazooClient, KazooState
+from kazoo.security import ACL, Id, Permissions, make_digest_acl
 from kazoo.exceptions import (BadVersionError, CancelledError, ConnectionClosedError, ConnectionLoss, KazooException,
                               NodeExistsError, NoNodeError, OperationTimeoutError, RolledBackError, SessionExpiredError)
 
@@ -45,6 +60,10 @@ _CONTENDER = re.compile(r"__lock__(\d{10})$")  # kazoo's lock recipe names its z
 _UNAVAILABLE = (ConnectionLoss, ConnectionClosedError, OperationTimeoutError, SessionExpiredError)
 
 
+PROCESS_AUTH: Any = object()  # ZooKeeperStore's default auth: the process's (set_process_auth)
+_process_auth: list[str | None] = [None]
+
+
 @dataclass(frozen=True)
 class Document:
     data: dict
@@ -52,21 +71,50 @@ class Document:
 
 
 class ZooKeeperStore:
-    def __init__(self, hosts: str, cluster: str, timeout: float = 10.0, session_timeout: float = 10.0) -> None:
-        """Connect to ``hosts`` (``host:port[,host:port...]``) and make the cluster's root if it is new."""
+    def __init__(self, hosts: str, cluster: str, timeout: float = 10.0, session_timeout: float = 10.0,
+                 auth: str | None | object = PROCESS_AUTH, readonly: bool = False) -> None:
+        """Connect to ``hosts`` (``host:port[,host:port...]``) and make the cluster's root if it is new.
+
+        ``auth``: ``"user:password"`` (digest): this session writes, everyone else only reads (see above); by
+        default the process's (``set_process_auth``: a coordinator's, from its node secret); None: none.
+        ``readonly``: a follower's store, which creates nothing."""
+        if auth is PROCESS_AUTH:
+            auth = _process_auth[0]
+        assert auth is None or isinstance(auth, str)
         self.hosts, self.timeout = hosts, timeout
         self.root = f"/rockstate/{check_name(cluster, 'cluster')}"
         self._contenders: list[Leadership] = []
+        self.acl = acl_for(auth) if auth else None
         # reconnect at least every second: kazoo's default backoff (up to an hour) would outlast the session
-        self.client = KazooClient(hosts, timeout=session_timeout, connection_retry=RECONNECT)
+        self.client = KazooClient(hosts, timeout=session_timeout, connection_retry=RECONNECT,
+                                  auth_data=[("digest", auth)] if auth else None, default_acl=self.acl)
         with self._translated("connecting"):
             self.client.start(timeout=timeout)
         try:
-            with self._translated("creating the cluster's root"):
-                self.client.ensure_path(f"{self.root}/docs")
+            if not readonly:
+                with self._translated("creating the cluster's root"):
+                    if self.acl is not None:
+                        self._lock_down()
+                    self.client.ensure_path(f"{self.root}/docs")
         except BaseException:
             self.close()
             raise
+
+    def _lock_down(self) -> None:
+        """The ACL on the cluster's znodes (``/rockstate``: also CREATE for everyone), those made before it too."""
+        parent = [*self.acl, ACL(Permissions.READ | Permissions.CREATE, Id("world", "anyone"))]  # type: ignore[misc]
+        if self.client.exists("/rockstate") is None:
+            with contextlib.suppress(NodeExistsError):
+                self.client.create("/rockstate", acl=parent)
+        for path in (self.root, f"{self.root}/docs", f"{self.root}/leader"):
+            if self.client.exists(path) is None:
+                with contextlib.suppress(NodeExistsError):
+                    self.client.create(path, acl=self.acl)
+        for path in [self.root, f"{self.root}/docs", f"{self.root}/leader",
+                     *(f"{self.root}/docs/{d}" for d in self.client.get_children(f"{self.root}/docs"))]:
+            acls, _ = self.client.get_acls(path)
+            if list(acls) != list(self.acl):  # made before ACLs, or by another credential (refused: NoAuth)
+                self.client.set_acls(path, self.acl)
 
     def _path(self, name: str) -> str:
         return f"{self.root}/docs/{check_name(name, 'document')}"
@@ -186,6 +234,31 @@ class ZooKeeperStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def set_process_auth(secret: bytes | None) -> None:
+    """The ZooKeeper credential this process's stores use by default: derived from its node secret
+    (``Security.from_config`` sets it, so a coordinator authenticates without a setting of its own)."""
+    _process_auth[0] = coordinator_auth(secret)
+
+
+def acl_for(auth: str) -> list:
+    """Every right to the digest user of ``auth`` (``"user:password"``), READ to everyone."""
+    user, _, password = auth.partition(":")
+    if not user or not password:
+        raise ValueError("ZooKeeper auth is 'user:password'")
+    return [make_digest_acl(user, password, all=True), ACL(Permissions.READ, Id("world", "anyone"))]
+
+
+def coordinator_auth(secret: bytes | None, auth_file: str | None = None) -> str | None:
+    """The coordinators' ZooKeeper credential: ``auth_file``'s first line (``user:password``), else one derived from
+    the node secret (every coordinator of the cluster holds it; nodes and clients follow without it), else None."""
+    if auth_file:
+        with open(auth_file) as f:
+            return f.readline().strip() or None
+    if not secret:
+        return None
+    return "rockstate-coordinator:" + hmac.new(bytes(secret), b"rockstate zookeeper digest v1", hashlib.sha256).hexdigest()
 
 
 class Leadership:
