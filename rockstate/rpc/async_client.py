@@ -12,7 +12,7 @@ from typing import Any, Callable
 from ..errors import ProtocolError, RockstateError, StoreClosedError
 
 from . import auth
-from .client import REPLY_GRACE, T, _Connection, _hello, _transport_error, _welcomed, split_address, streamed
+from .client import HANDSHAKE_FRAME, REPLY_GRACE, T, _Connection, _hello, _transport_error, _welcomed, split_address, streamed
 from .frames import GREETING_TIMEOUT, MAGIC, MAX_FRAME, encode, read_frame, read_greeting, write_frame
 from .messages import Challenge, Message, parse_reply, request
 
@@ -128,7 +128,7 @@ class AsyncChannel:
         await write_frame(writer, request(0, msg, None), self._max_frame)
         if greeting is not None:
             await read_greeting(reader, self.address, greeting)
-        _, result = parse_reply(await read_frame(reader, self._max_frame))
+        _, result = parse_reply(await read_frame(reader, HANDSHAKE_FRAME))  # the server is not proven yet: nothing big
         if isinstance(result, RockstateError):
             raise result
         return result

@@ -64,6 +64,10 @@ def _timed_out(e: OSError) -> bool:
     return isinstance(e, (TimeoutError, BlockingIOError))
 
 
+HANDSHAKE_FRAME = 64 * 1024
+"""Largest frame a client reads before the server is welcomed and proven (its error replies included)."""
+
+
 def _hello(name: str) -> Hello:
     return Hello(version=PROTOCOL_VERSION, name=name)
 
@@ -84,7 +88,7 @@ class _Connection:
 
     def __init__(self, address: str, timeout: float, ssl: _ssl.SSLContext | None,
                  secret: auth.Secret | None, name: str, max_frame: int) -> None:
-        self.address, self.closed, self.busy, self._max_frame = address, False, False, max_frame
+        self.address, self.closed, self.busy, self._max_frame = address, False, False, HANDSHAKE_FRAME  # until welcomed
         host, port = split_address(address)
         sock = None
         try:
@@ -114,6 +118,7 @@ class _Connection:
                 reply = self.call(proof, timeout)
             _welcomed(reply)
             auth.check_welcome(secret, challenge, proof, reply)
+            self._max_frame = max_frame
         except BaseException:
             self.close()
             raise
