@@ -16,6 +16,7 @@ import os
 import sys
 import threading
 import time
+from typing import Any
 
 from ..config import CoordinatorConfig, NodeConfig, load, settings
 from ..errors import ClusterError, ConfigError, RockstateError
@@ -37,7 +38,7 @@ def add_fields(parser: argparse.ArgumentParser, model) -> None:
     ``--secret-file``...) is not overwritten, and the environment and ``--config`` still apply (``config.load``)."""
     parser.add_argument("--config", default=argparse.SUPPRESS, help="YAML file of settings (flags override it)")
     for name, field in settings(model).items():
-        kind = parse_size if name.endswith("_bytes") else {int: int, float: float}.get(field.annotation, str)
+        kind: Any = parse_size if name.endswith("_bytes") else {int: int, float: float}.get(field.annotation, str)  # type: ignore[arg-type]
         default = human(field.default) if name.endswith("_bytes") else field.default
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, default=argparse.SUPPRESS,
                             help=f"{field.description} (default: {default}; env ROCKSTATE_{name.upper()})")
@@ -98,7 +99,7 @@ async def reach_coordinator(config: NodeConfig, wait: float) -> None:
         address, name="node", timeout=5.0, ssl=security.client_ssl, secret=security.secret))
     retry = Retry(deadline=wait, initial=0.5, maximum=5.0, retry_on=lambda e: is_retryable(e) or isinstance(e, OSError))
     started = time.monotonic()
-    attempts = {"n": 0, "failed_at": None}
+    attempts: dict[str, Any] = {"n": 0, "failed_at": None}
 
     async def once() -> None:
         attempts["n"] += 1

@@ -202,7 +202,8 @@ def show(args: argparse.Namespace, out: Output, status: dict | None, summary: di
     if out.mode == "json":
         doc = {"health": summary} if status is None else {**status, "health": summary}
         if events is not None:
-            doc["events"] = [e for e in events if not _types(args.type) or e["event"] in _types(args.type)]
+            types = _types(args.type)
+            doc["events"] = [e for e in events if not types or e["event"] in types]
         return print_json(doc, file=out.file)
     if status is None:
         out.line(f"cluster at {address}: UNAVAILABLE: {summary['reasons'][0]}", STYLE["unavailable"])
