@@ -92,7 +92,7 @@ def test_the_connection_keeps_serving_after_a_refusal(cluster):
     channel.close()
 
 
-def test_an_admin_may_restore_and_a_node_credential_may_not_pretend_to_be_a_client_for_admin_work(cluster):
+def test_only_an_admin_may_restore_and_only_a_node_may_register(cluster):
     admin = Channel(cluster.address, timeout=10, secret=ADMIN_SECRET)
     with pytest.raises(RockstateError) as not_configured:  # allowed: it fails further on, for want of checkpoints
         admin.call(p.RestoreCluster())
