@@ -65,6 +65,7 @@ class Connection:
     peer: str  # the name the caller gave in its Hello
     address: str  # "host:port" of the caller's socket
     roles: frozenset[str] = auth.ROLES  # what the caller's secret grants (every role on a server without secrets)
+    node: str | None = None  # the node id its TLS certificate names (a SAN URI rockstate:node:<id>), if any
 
 
 Handler = Callable[[Any, Connection], Awaitable[Any]]
@@ -89,6 +90,20 @@ class Limits:
     read_timeout: float = 60.0
     idle_timeout: float | None = None  # None: a welcomed caller's idle connection stays (clients pool them)
     offload_frame: int = 1 << 20
+
+
+NODE_FIELDS = ("node_id", "node")  # a message's fields that say which node it speaks for
+NODE_URI = "rockstate:node:"
+"""A certificate binds its holder to a node id with a subjectAltName URI ``rockstate:node:<id>`` (docs/security.md)."""
+
+
+def _certified_node(transport: asyncio.BaseTransport) -> str | None:
+    """The node id the caller's verified TLS certificate names, if it names one."""
+    cert = transport.get_extra_info("peercert") if transport.get_extra_info("sslcontext") is not None else None
+    for kind, value in (cert or {}).get("subjectAltName", ()):
+        if kind == "URI" and value.startswith(NODE_URI):
+            return value[len(NODE_URI):]
+    return None
 
 
 def _format_address(sockname: tuple) -> str:
@@ -202,6 +217,13 @@ class Server:
                 raise PermissionDeniedError(
                     f"{msg.op!r} needs the {' or '.join(sorted(msg.roles))} credential; this connection's grants"
                     f" {', '.join(sorted(conn.roles)) or 'nothing'}", op=msg.op, needs=sorted(msg.roles))
+            if conn.node is not None:  # a caller whose certificate names a node speaks for that node only
+                for field in NODE_FIELDS:
+                    if field in msg._types and getattr(msg, field) != conn.node:
+                        raise PermissionDeniedError(
+                            f"{msg.op!r} names node {getattr(msg, field)!r} in {field!r}; the caller's certificate is node"
+                            f" {conn.node!r}'s (a new node with that certificate registers as {conn.node!r}: give its"
+                            " data directory's node.json that id)", op=msg.op, node=conn.node)
             handler = self._handlers.get(msg.op)
             if handler is None:
                 raise UnknownOperationError(f"server {self.name!r} has no handler for {msg.op!r}", op=msg.op)
@@ -440,7 +462,7 @@ class _Serving(asyncio.Protocol):
                 self._challenge = auth.new_challenge()
                 self._write(encode(reply(rid, self._challenge)))
                 return
-        self._conn = Connection(peer=self._peer, address=self._address, roles=roles)
+        self._conn = Connection(peer=self._peer, address=self._address, roles=roles, node=_certified_node(self._transport))
         server._unwelcomed.pop(self, None)
         self._since = time.monotonic()
         self._write(encode(reply(rid, Welcome(name=server.name, proof=proof))))
