@@ -18,6 +18,18 @@ SECRET = "nothing before the handshake"
 MiB = 1 << 20
 
 
+@pytest.fixture(scope="module", autouse=True)
+def enough_file_handles():
+    """1,000 sockets in this process: a soft limit of 1024 (a CI machine's) is raised to the hard one."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < 4096:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(4096, hard) if hard != resource.RLIM_INFINITY else 4096, hard))
+    yield
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     with LocalCluster(nodes=1, partitions=4, root=str(tmp_path_factory.mktemp("preauth")), secret=SECRET, backup_count=0) as c:
