@@ -4,7 +4,7 @@ STAMP := $(VENV)/.installed
 export PYSPARK_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: setup lint test demo bench soak chaos spark-cluster spark-matrix clean
+.PHONY: setup lint test demo bench soak chaos fuzz spark-cluster spark-matrix clean
 
 $(STAMP): pyproject.toml scripts/setup.sh constraints/test.txt constraints/spark-*.txt
 	VENV=$(VENV) scripts/setup.sh
@@ -32,6 +32,11 @@ bench: setup
 
 soak: setup
 	$(PY) scripts/soak.py
+
+# tests/security/test_fuzz.py's property-based fuzzers (frames, messages, manifests, _metadata) with more examples
+# than make test's 60 each
+fuzz: setup
+	ROCKSTATE_FUZZ_EXAMPLES=$${ROCKSTATE_FUZZ_EXAMPLES:-5000} $(PY) -m pytest -q -p no:cacheprovider tests/security/test_fuzz.py
 
 # the pipeline under seeded kills, restarts, joins, leaves and storage faults (make test runs one small seed), and
 # single-key histories under kills, restarts, joins, leaves and network cuts, with backups (kv_chaos);
