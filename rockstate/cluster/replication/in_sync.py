@@ -32,7 +32,6 @@ import logging
 import math
 import time
 from dataclasses import replace
-from enum import StrEnum
 from typing import Awaitable, Callable, Coroutine, Mapping, Sequence
 
 from ...config import CoordinatorConfig
@@ -45,6 +44,7 @@ from ...rpc.async_client import AsyncChannel
 from ...rpc.server import Connection
 from .. import protocol as p
 from .handover import run_handover
+from .outcomes import Report
 from ..table import Table
 
 log = logging.getLogger(__name__)
@@ -52,14 +52,6 @@ log = logging.getLogger(__name__)
 CATCH_UP_TIMEOUT = 600.0
 LEAVE_TIMEOUT = 300.0  # seconds a leaving node's backups may take to be replaced
 STUCK = 10  # replica timeouts a backup may stay out of sync before it copies anew (a copy under load takes seconds to stream level)
-
-
-class Report(StrEnum):
-    """What a primary reports of one of its backups (``ReplicaReport``)."""
-
-    CAUGHT_UP = "caught_up"
-    UNREACHABLE = "unreachable"
-    DIVERGED = "diverged"  # its copy is not the primary's any more: only a new copy brings it back
 
 
 class ReplicaControl:
