@@ -102,7 +102,8 @@ class ZooKeeperStore:
 
     def _lock_down(self) -> None:
         """The ACL on the cluster's znodes (``/rockstate``: also CREATE for everyone), those made before it too."""
-        parent = [*self.acl, ACL(Permissions.READ | Permissions.CREATE, Id("world", "anyone"))]  # type: ignore[misc]
+        assert self.acl is not None
+        parent = [*self.acl, ACL(Permissions.READ | Permissions.CREATE, Id("world", "anyone"))]
         if self.client.exists("/rockstate") is None:
             with contextlib.suppress(NodeExistsError):
                 self.client.create("/rockstate", acl=parent)

@@ -48,8 +48,8 @@ def frame_bomb(address: str, size: int = 32 << 20, chunk: int = 1 << 20) -> tupl
             pass
         got = b""
         try:
-            while chunk := sock.recv(65536):
-                got += chunk
+            while data := sock.recv(65536):
+                got += data
         except OSError:
             pass
     return sent, got

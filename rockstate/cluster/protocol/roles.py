@@ -13,6 +13,7 @@ none is left without.
 from __future__ import annotations
 
 from ...rpc.auth import ADMIN, CLIENT, NODE
+from ...rpc.messages import Message
 from . import coordinator as c
 from . import data as d
 from . import node as n
@@ -22,7 +23,7 @@ NODES = frozenset({NODE})
 CLIENTS = frozenset({CLIENT, ADMIN, NODE})  # what a client may do an administrator and a node may do too
 ADMINS = frozenset({ADMIN})
 
-ROLES: dict[type, frozenset[str]] = {
+ROLES: dict[type[Message], frozenset[str]] = {
     # the coordinator: reading the cluster's state, defining states, pipelines' checkpoints
     c.GetTable: ANY, c.ClusterStats: ANY, c.Count: ANY, c.Status: ANY, c.Events: ANY, c.ListCheckpoints: ANY,
     c.InspectCheckpoint: ANY, c.ListSavepoints: ANY,
