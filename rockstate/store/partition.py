@@ -64,7 +64,10 @@ def prefix_end(prefix: bytes) -> bytes | None:
 
 
 class Partition:
-    def __init__(self, pid: int, path: str, resources: Resources, specs: dict[str, StateSpec]) -> None:
+    def __init__(self, pid: int, path: str, resources: Resources, specs: dict[str, StateSpec], states: Iterable[str] = ()) -> None:
+        """``states``: column families opened (created if missing) with the DB, in one open: each created later
+        by ``ensure_state`` costs a MANIFEST write and sync of its own (~17 ms on a loaded disk, against ~6 ms
+        for the same family created at open)."""
         self.pid = pid
         self.path = path
         self.lock = threading.RLock()
@@ -75,7 +78,7 @@ class Partition:
         self._specs = specs  # the store's catalog, shared: states defined later appear here
         opts = resources.options()
         names = Rdict.list_cf(path, opts) if os.path.exists(os.path.join(path, "CURRENT")) else ["default"]
-        families = {n: resources.options() for n in names if n != "default"}
+        families = {n: resources.options() for n in [*names, *states] if n != "default"}
         self._seq: int | None = None  # read on first use
         self.db: Rdict | None = Rdict(path, opts, column_families=families)
         # Any: rocksdict's stubs take a multi-get's keys as an invariant list of scalars, not list[bytes]
