@@ -72,11 +72,21 @@ def embedded(root: str, partitions: int, keys: list) -> tuple[float, float]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+class PatientCluster(LocalCluster):
+    """LocalCluster whose start waits up to 600 s for every backup in sync (its own default is 60 s: P=1024 takes more)."""
+
+    def wait_replicated(self, timeout: float = 600.0) -> dict:
+        return super().wait_replicated(timeout)
+
+    def wait_balanced(self, timeout: float = 600.0) -> dict:
+        return super().wait_balanced(timeout)
+
+
 def cluster_run(root: str, partitions: int, nodes: int, keys: list, leave: bool = False) -> dict:
     """One configuration's row: every measure, seconds or keys/s."""
     row: dict = {}
     path = os.path.join(root, f"p{partitions}-n{nodes}")
-    c = LocalCluster(nodes=nodes, partitions=partitions, root=path, heartbeat_timeout=HEARTBEAT,
+    c = PatientCluster(nodes=nodes, partitions=partitions, root=path, heartbeat_timeout=HEARTBEAT,
                      checkpoints=f"file://{path}/checkpoints", node_memory_bytes=64 << 20)
     try:
         start = time.perf_counter()
