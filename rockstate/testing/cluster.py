@@ -216,7 +216,8 @@ def gen_cluster(nodes: int = 3, partitions: int = 16, **options: Any) -> Callabl
         @functools.wraps(test)
         def run(**kwargs: Any) -> Any:
             tmp_path = kwargs["tmp_path"] if takes_tmp_path else kwargs.pop("tmp_path", None)
-            opts = {k: v.replace("{tmp_path}", str(tmp_path)) if isinstance(v, str) else v for k, v in options.items()}
+            opts: dict[str, Any] = {
+                k: v.replace("{tmp_path}", str(tmp_path)) if isinstance(v, str) else v for k, v in options.items()}
             with local_cluster(nodes, partitions, **opts) as cluster:
                 return test(cluster, **kwargs)
 

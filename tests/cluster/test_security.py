@@ -6,7 +6,6 @@ import subprocess
 import pytest
 
 from rockstate.cluster.client.backend import ClusterBackend
-
 from rockstate.cluster.security import client_context, load_secret
 from rockstate.errors import AuthenticationError, ConfigError, RockstateError
 from rockstate.testing.cluster import gen_cluster, local_cluster

@@ -1,6 +1,5 @@
 """Micro-batch versions through the routing client, across nodes and a partition move."""
 
-
 from rockstate.serde import encode_value
 from rockstate.states import group_by_partition, prepare_keys
 from rockstate.store import PUT_MANY
