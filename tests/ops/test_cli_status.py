@@ -4,6 +4,8 @@ define nothing, drain, piped tables that never wrap, and a node that says why it
 
 import json
 import os
+import pathlib
+import re
 import signal
 import socket
 import subprocess
@@ -16,6 +18,7 @@ from rockstate import LocalCluster
 from rockstate.local.cluster import wait_until
 
 COMMAND = [sys.executable, "-m", "rockstate.cli"]
+OPERATIONS = pathlib.Path(__file__).parents[2] / "docs" / "operations.md"
 
 
 def run(*args: str, env: dict | None = None, timeout: float = 90) -> subprocess.CompletedProcess:
@@ -109,12 +112,25 @@ def test_a_dead_node_makes_it_degraded_and_a_dead_coordinator_unavailable(tmp_pa
         out = " ".join(result.stdout.split())
         assert out.startswith(f"cluster at {c.address}: DEGRADED: 8 partitions short of in-sync backups")
         assert f"1 alive, 1 dead ({victim})" in out and "every partition has a live owner" in out
+        assert _summary(result.stdout.replace(c.address, "10.0.0.1:7700")) == _summary(documented_status()), "docs/operations.md quotes it"
         doc = json.loads(run("status", "--json", "--coordinator", c.address).stdout)
         assert doc["health"]["verdict"] == "degraded" and len(doc["health"]["short_of_in_sync_backups"]) == 8
         c.kill_coordinator()
         result = run("status", "--coordinator", c.address)
         assert result.returncode == 2 and "UNAVAILABLE" in result.stdout and "rockstate: error:" in result.stderr
         assert json.loads(run("status", "-o", "json", "--coordinator", c.address).stdout)["health"]["verdict"] == "unavailable"
+
+
+def documented_status() -> str:
+    """The output docs/operations.md quotes for a 2-node cluster with a node killed."""
+    text = OPERATIONS.read_text()
+    return text[text.index("$ rockstate status --coordinator 10.0.0.1:7700     # a 2-node cluster"):].split("```")[0].split("\n", 1)[1]
+
+
+def _summary(out: str) -> list[str]:
+    """The verdict and summary lines, with what differs from run to run (epochs, node ids) left out."""
+    lines = [line.rstrip() for line in out.splitlines()]
+    return [re.sub(r"node-\d+", "node-N", re.sub(r"epoch \d+", "epoch N", line)) for line in lines[:lines.index("") if "" in lines else 9]]
 
 
 def test_no_live_owner_is_unavailable(tmp_path):
