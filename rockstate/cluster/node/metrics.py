@@ -17,6 +17,7 @@ import time
 from bisect import bisect_left
 from functools import wraps
 from itertools import accumulate
+from wsgiref.simple_server import WSGIServer
 from typing import Awaitable, Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector, ProcessCollector, generate_latest
@@ -149,7 +150,7 @@ class NodeMetrics:
         self.partitions = Gauge("rockstate_node_partitions", "Partitions owned", registry=self.registry)
         self._collector, self._node_id = collector, node_id
         self.registry.register(collector)
-        self._http = None
+        self._http: WSGIServer | None = None
 
     async def figures(self, msg: p.NodeFigures, conn: object) -> dict:
         """Memory, disk and RocksDB figures, for the coordinator's status page (the disk walk off the event loop)."""

@@ -32,7 +32,7 @@ from typing import Awaitable, Callable
 
 from ...checkpoint.participants import LocalPartitions
 from ...config import CheckpointConfig, NodeConfig
-from ...errors import CheckpointsNotConfiguredError, PartitionUnavailableError, RockstateError, UnknownNodeError
+from ...errors import CheckpointsNotConfiguredError, ClusterError, PartitionUnavailableError, RockstateError, UnknownNodeError
 from ...files import read_json, write_json
 from ...retry import Retry
 from ...rpc.async_client import AsyncChannel
@@ -61,10 +61,11 @@ class Node:
         self.config = config
         self.data_dir = os.path.abspath(config.data_dir)
         os.makedirs(self.data_dir, exist_ok=True)
-        self.node_id: str | None = (read_json(self._identity_path, {}) or {}).get("node_id")
+        identity = read_json(self._identity_path, {})
+        self.node_id: str | None = identity.get("node_id") if isinstance(identity, dict) else None
         self.store: Store | None = None
         self.checkpoints: LocalPartitions | None = None
-        self.table: Table | None = None
+        self.table = Table.empty(0)  # until the coordinator's first
         self.gate = Gate()
         self._retiring: dict[int, asyncio.Future] = {}
         self._peers: dict[str, AsyncChannel] = {}
@@ -89,7 +90,7 @@ class Node:
         self._table_lock = asyncio.Lock()
         self.stopped = asyncio.Event()
 
-    def _handlers(self) -> dict[type[p.Message], Callable[[p.Message, Connection], Awaitable[object]]]:
+    def _handlers(self) -> dict[type[p.Message], Callable[..., Awaitable[object]]]:
         """Every message the node serves, with its handler."""
         data, moves, ingest, metrics = self.data, self.moves, self.ingestor, self.metrics
         backups, copies = self.replication.backups, self.replication.copies
@@ -150,6 +151,11 @@ class Node:
     def _node_id(self) -> str | None:
         return self.node_id
 
+    def _id(self) -> str:
+        if self.node_id is None:  # before it registered: nothing that sends its id runs then
+            raise ClusterError("this node has not registered with the coordinator")
+        return self.node_id
+
     @property
     def owned(self) -> list[int]:
         return self.gate.ownership.owned()
@@ -167,7 +173,7 @@ class Node:
         return self._replica_peers[address]
 
     async def _report_replicas(self, reports: list) -> None:
-        await self.coordinator.call(p.ReplicaReport(node_id=self.node_id, reports=reports), timeout=5.0)
+        await self.coordinator.call(p.ReplicaReport(node_id=self._id(), reports=reports), timeout=5.0)
 
     def _peer(self, address: str, timeout: float) -> AsyncChannel:
         return AsyncChannel(address, name="node", timeout=timeout, ssl=self.security.client_ssl, secret=self.security.secret)
@@ -193,7 +199,7 @@ class Node:
         for spec in reply["states"]:
             self.store.define_state(StateSpec.from_dict(spec))
         if reply.get("checkpoints"):
-            self.checkpoints = LocalPartitions(self.store, CheckpointConfig(**reply["checkpoints"]))
+            self.checkpoints = LocalPartitions(self.store, CheckpointConfig(**reply["checkpoints"]), keys=self.security.checkpoint_keys)
         await self._apply(Table.from_wire(reply["table"]))
         self._drop_stale_partitions()
         if self.config.metrics_port is not None:
@@ -205,10 +211,11 @@ class Node:
     def _drop_stale_partitions(self) -> None:
         """Partition folders left from before a restart whose partitions moved away meanwhile are stale."""
         owned = set(self.owned)
-        for name in os.listdir(self.store.path):
+        store = self._store_of()
+        for name in os.listdir(store.path):
             if name.startswith("p") and name[1:].isdigit() and int(name[1:]) not in owned:
-                self.store.close_partition(int(name[1:]), drop=True)
-                shutil.rmtree(os.path.join(self.store.path, name), ignore_errors=True)
+                store.close_partition(int(name[1:]), drop=True)
+                shutil.rmtree(os.path.join(store.path, name), ignore_errors=True)
 
     async def _register(self) -> dict:
         async def once() -> dict:
@@ -225,7 +232,7 @@ class Node:
         log.info("node %s leaving: handing its %d partitions to the others", self.node_id, len(self.owned))
         self._leaving = True
         try:
-            await self.coordinator.call(p.Leave(node_id=self.node_id), timeout=600.0)
+            await self.coordinator.call(p.Leave(node_id=self._id()), timeout=600.0)
         except RockstateError as e:
             log.error("could not hand partitions over before stopping: %s", e)
         finally:
@@ -254,7 +261,7 @@ class Node:
             await asyncio.sleep(min(interval, FAILED_HEARTBEAT_RETRY) if failed else interval)
             try:
                 sent = time.monotonic()
-                epoch = await self.coordinator.call(p.Heartbeat(node_id=self.node_id, epoch=self.table.epoch), timeout=5.0)
+                epoch = await self.coordinator.call(p.Heartbeat(node_id=self._id(), epoch=self.table.epoch), timeout=5.0)
                 if epoch > self.table.epoch:
                     await self._apply(Table.from_wire(await self.coordinator.call(p.GetTable())))
                 self.gate.ownership.renewed(sent)  # renewed only with the table the coordinator has now
@@ -284,7 +291,7 @@ class Node:
                 self._retiring[pid] = asyncio.ensure_future(asyncio.to_thread(self._retire, pid))
             for pid in change.opened:
                 await self._settled(pid)
-                self.store.open_partition(pid)
+                self._store_of().open_partition(pid)
             self.replication.apply_table(table, change.opened)  # before they serve: every write to them is shipped
             for pid in change.opened:
                 self.gate.ownership.opened(pid)
@@ -296,7 +303,7 @@ class Node:
 
     def _retire(self, pid: int) -> None:
         """Drop a partition this node no longer owns, with its move copy and local snapshots."""
-        self.store.close_partition(pid, drop=True)
+        self._store_of().close_partition(pid, drop=True)
         self.moves.source.discard(pid)
         if self.checkpoints is not None:
             self.checkpoints.drop(pid)

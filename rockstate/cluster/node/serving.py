@@ -9,7 +9,7 @@ so nothing answered, written or read, is lost with the primary.
 
 from __future__ import annotations
 
-from typing import Awaitable, Callable, Iterable
+from typing import Awaitable, Callable, Iterable, Protocol, TypeVar
 
 from ...errors import ProtocolError
 from ...ops import DELETE_MANY, PUT_MANY
@@ -18,6 +18,19 @@ from ...store.store import not_bytes
 from .. import protocol as p
 from .metrics import RequestFigures
 from .ownership import Gate
+
+T = TypeVar("T")
+
+
+class Grouped(Protocol):
+    """A data request: its partitions' ``groups`` ([[pid, body], ...]) at the client's table ``epoch``."""
+
+    @property
+    def op(self) -> str: ...
+    @property
+    def groups(self) -> list: ...
+    @property
+    def epoch(self) -> int: ...
 
 
 class DataHandlers:
@@ -29,7 +42,7 @@ class DataHandlers:
         self.gate, self.figures, self._store = gate, figures, store_of
         self.acknowledged, self.backup_copy = acknowledged, backup_copy
 
-    async def _writable(self, msg: p.Write | p.CompareAndSet | p.Stage | p.StageDone | p.AdvanceBatches | p.FinishTask | p.Seal) -> list:
+    async def _writable(self, msg: Grouped) -> list:
         """The request's groups, once none of its partitions is frozen and all are ours."""
         pids = await self.gate.writable([pid for pid, _ in _groups(msg)], msg.epoch)
         return [(pid, body) for pid, (_, body) in zip(pids, msg.groups)]
@@ -45,7 +58,7 @@ class DataHandlers:
         groups = await self._writable(msg)
         return await self._acknowledged(groups, self._store().compare_and_set_groups(groups, msg.request))
 
-    async def _acknowledged(self, groups: list, answer: object) -> object:
+    async def _acknowledged(self, groups: list, answer: T) -> T:
         await self.acknowledged([pid for pid, _ in groups])
         return answer
 
@@ -65,7 +78,7 @@ class DataHandlers:
         except (KeyError, TypeError, ValueError) as e:
             raise not_bytes(e, "keys of a 'read' message")
 
-    async def scan(self, msg: p.Scan, conn: object) -> object:
+    async def scan(self, msg: p.Scan, conn: object) -> list:
         pid = self.gate.check(msg.partition, msg.epoch)
         return await self._acknowledged([(pid, None)], self._store().scan(pid, msg.state, msg.prefix, msg.after, msg.limit))
 
@@ -101,19 +114,19 @@ class DataHandlers:
             staging.mark_done(store.partition(pid), msg.query, msg.batch, msg.operator, msg.attempt, pieces)
         await self.acknowledged([pid for pid, _ in groups])
 
-    async def advance_batches(self, msg: p.AdvanceBatches, conn: object) -> object:
+    async def advance_batches(self, msg: p.AdvanceBatches, conn: object) -> list:
         groups = await self._writable(msg)
         store = self._store()
         return await self._acknowledged(groups, [staging.advance(store.partition(pid), msg.query, msg.batch) for pid, _ in groups])
 
-    async def finish_task(self, msg: p.FinishTask, conn: object) -> object:
+    async def finish_task(self, msg: p.FinishTask, conn: object) -> list:
         groups = await self._writable(msg)
         store = self._store()
         return await self._acknowledged(groups, [staging.finish_task(
             store.partition(pid), msg.query, msg.batch, msg.operator, msg.run, msg.task, msg.tasks, msg.pids, msg.failed)
             for pid, _ in groups])
 
-    async def seal(self, msg: p.Seal, conn: object) -> object:
+    async def seal(self, msg: p.Seal, conn: object) -> list:
         groups = await self._writable(msg)
         store = self._store()
         return await self._acknowledged(groups, [staging.seal(store.partition(pid), msg.query, msg.batch, msg.operator)
@@ -132,7 +145,7 @@ class DataHandlers:
         return self._store().define_state(StateSpec.from_dict(msg.spec)).to_dict()
 
 
-def _groups(msg: p.Message) -> list:
+def _groups(msg: Grouped) -> list:
     """The request's ``groups``, checked for shape; the gate checks each partition."""
     for group in msg.groups:
         if type(group) is not list or len(group) != 2 or type(group[0]) is not int:

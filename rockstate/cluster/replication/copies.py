@@ -107,6 +107,8 @@ class ReplicaCopies:
         store.close_partition(pid)  # replace_partitions puts the new copy in its place
         target = os.path.join(store.path, "replicas-in", partition_dir(pid))
         channel, me = self._peer(source), self._node_id()
+        if me is None:  # the coordinator asks only members: not reached
+            raise PartitionUnavailableError(f"this node has not joined yet; no backup copy of partition {pid}", partition=pid)
 
         def receive(answer: dict, read_into: Callable[[memoryview], int]) -> int:  # on the stream's thread
             steps.append(time.perf_counter())  # the copy is taken; its files follow

@@ -43,7 +43,7 @@ class NodeReplication:
         """``peer(address)``: a kept connection to another node; ``report(reports)``: a ``ReplicaReport`` to the
         coordinator; ``owns(pid)``: served here; ``retired(pid)``: waits until a copy this node served is gone."""
         self._store_of, self._node_id, self._peer, self._owns = store_of, node_id, peer, owns
-        self.table: Table | None = None
+        self.table = Table.empty(0)  # until the node's first: no partitions, the default replica timeout
         reports = Reports(report, self._replica_epoch, self.timeout)
         self.primaries = Primaries(store_of, reports.report, reports.again, self.timeout)
         self.backups = Backups(store_of)
@@ -52,7 +52,7 @@ class NodeReplication:
         self._stopping = False
 
     def timeout(self) -> float:
-        return self.table.replica_timeout if self.table is not None else 1.0
+        return self.table.replica_timeout
 
     def _replica_epoch(self, pid: int) -> int:
         return self.table.replica_epoch(pid)

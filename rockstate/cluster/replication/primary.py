@@ -81,7 +81,7 @@ class Primaries:
         self._waiters: dict[int, list[tuple[int, asyncio.Future]]] = {}
         self._wake: dict[str, asyncio.Event] = {}  # backup node -> its sender's
         self._dirty: dict[str, set[int]] = {}  # backup node -> partitions with batches for it since its last send
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the node's, where ``shipped`` posts from other threads
         self._loop_thread = 0
 
     def serves(self, pid: int, backup: str | None = None) -> bool:
@@ -201,6 +201,7 @@ class Primaries:
         if threading.get_ident() == self._loop_thread:
             self._queued(pid)
         else:
+            assert self._loop is not None  # set (on_loop) before any partition gets this shipper
             self._loop.call_soon_threadsafe(self._queued, pid)
 
     def _queued(self, pid: int) -> None:
@@ -264,7 +265,9 @@ class Primaries:
     def outgoing(self, node: str, full: bool) -> Outgoing:
         """What to send ``node`` next: the batches past its position of the partitions written since its last send;
         ``full``: of all it backs, with reports of its lags and probes of idle copies, and the logs trimmed."""
-        now, items, size, carried = time.monotonic(), [], 0, {}
+        now, size = time.monotonic(), 0
+        items: list[list] = []
+        carried: dict[int, int] = {}
         dirty = self._dirty.pop(node, set())
         pids = [pid for pid in (self._acks if full else dirty) if pid in self._acks and node in self._backups[pid]]
         for pid in pids:
