@@ -390,6 +390,7 @@ class _Serving(asyncio.Protocol):
         if end - HEADER_SIZE > self._server.limits.offload_frame:
             task = self._waiting = asyncio.get_running_loop().create_task(asyncio.to_thread(decode, bytes(body)))
             del body
+            self._server._requests.add(task)  # a stopping server cancels and awaits it like a request
             task.add_done_callback(self._decoded)
             self._pause_reading_if_needed()
             return None
@@ -397,6 +398,7 @@ class _Serving(asyncio.Protocol):
 
     def _decoded(self, task: asyncio.Task) -> None:
         """A big frame decoded on a worker thread: handle it, then what arrived meanwhile."""
+        self._server._requests.discard(task)
         self._waiting = None
         if task.cancelled() or self._transport.is_closing():
             return

@@ -83,3 +83,24 @@ def test_half_open_connections_and_a_slowloris_do_not_keep_a_client_out(cluster)
         wait_until(lambda: flood.reconnects > 0, 15, "the slowloris cut off (it has to start again)")
     assert len(under) > 10 and percentile(under, 0.99) < max(0.25, 20 * percentile(idle, 0.99))  # loose: a shared machine
     channel.close()
+
+
+class Raw:
+    def __init__(self, **wire):
+        self.wire = wire
+
+    def to_wire(self):
+        return self.wire
+
+
+def test_a_big_frame_after_the_handshake_is_decoded_off_the_loop_and_the_connection_goes_on(cluster):
+    """Frames over 1 MiB are decoded on a worker thread; the request is answered (here: refused for its unknown
+    field, a typed error) and the connection's next request too."""
+    from rockstate.errors import ProtocolError
+
+    node = cluster.nodes()[0]
+    channel = Channel(node.address, timeout=20, secret=SECRET)
+    with pytest.raises(ProtocolError, match="unknown field 'pad'"):
+        channel.call(Raw(op="node_stats", pad=[{}] * (3 * MiB)))
+    assert channel.call(p.NodeStats()) is not None
+    channel.close()
