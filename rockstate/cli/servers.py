@@ -111,7 +111,7 @@ async def reach_coordinator(config: NodeConfig, wait: float) -> None:
             left = max(0.0, wait - (attempts["failed_at"] - started))
             if retry.retry_on(e):
                 log.warning("cannot reach the coordinator at %s (attempt %d%s): %s; retrying with backoff, "
-                            "giving up in %.0f s (--coordinator-wait %g)", config.coordinator, attempts["n"],
+                            "giving up in %.1f s (--coordinator-wait %g)", config.coordinator, attempts["n"],
                             f", after a {backoff:.2f} s backoff" if attempts["n"] > 1 else "", _reason(e), left, wait)
             raise
 
