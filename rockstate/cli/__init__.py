@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_fields(p, NodeConfig)
     p.add_argument("--coordinator-wait", type=float, default=None, metavar="SECONDS",
                    help=f"give up and exit (status 2) when the coordinator cannot be reached for this long; every failed "
-                        f"attempt is logged with its reason (default: {COORDINATOR_WAIT:g}; env ROCKSTATE_COORDINATOR_WAIT)")
+                        f"attempt is logged with its reason (default: {COORDINATOR_WAIT:g}; 0: wait for ever; env ROCKSTATE_COORDINATOR_WAIT)")
     p.set_defaults(func=cmd_node, _parser=p, _model=NodeConfig)
 
     p = sub.add_parser("status", parents=[client], help="the cluster's health first (exit 0 healthy, 1 degraded, 2 unavailable), then details",

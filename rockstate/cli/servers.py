@@ -2,8 +2,8 @@
 
 A node first makes sure it can reach its coordinator: each failed attempt is logged at WARNING with
 the reason and the backoff before it (the project's one retry policy, ``retry.py``), and after
-``--coordinator-wait`` seconds (default 60) the node gives up and exits with status 2, naming the
-address and the last error. An error that no retry can fix (a wrong secret, TLS, something that is
+``--coordinator-wait`` seconds (default 60; 0: never) the node gives up and exits with status 2, naming
+the address and the last error. An error that no retry can fix (a wrong secret, TLS, something that is
 no rockstate coordinator) ends it at once.
 """
 
@@ -97,7 +97,7 @@ async def reach_coordinator(config: NodeConfig, wait: float) -> None:
     security = Security.from_config(config.security)
     channel = AsyncCoordinatorChannel(config.coordinator, lambda address: AsyncChannel(
         address, name="node", timeout=5.0, ssl=security.client_ssl, secret=security.secret))
-    retry = Retry(deadline=wait, initial=0.5, maximum=5.0, retry_on=lambda e: is_retryable(e) or isinstance(e, OSError))
+    retry = Retry(deadline=wait or None, initial=0.5, maximum=5.0, retry_on=lambda e: is_retryable(e) or isinstance(e, OSError))
     started = time.monotonic()
     attempts: dict[str, Any] = {"n": 0, "failed_at": None}
 
@@ -110,9 +110,9 @@ async def reach_coordinator(config: NodeConfig, wait: float) -> None:
             attempts["failed_at"] = time.monotonic()
             left = max(0.0, wait - (attempts["failed_at"] - started))
             if retry.retry_on(e):
-                log.warning("cannot reach the coordinator at %s (attempt %d%s): %s; retrying with backoff, "
-                            "giving up in %.1f s (--coordinator-wait %g)", config.coordinator, attempts["n"],
-                            f", after a {backoff:.2f} s backoff" if attempts["n"] > 1 else "", _reason(e), left, wait)
+                log.warning("cannot reach the coordinator at %s (attempt %d%s): %s; retrying with backoff, %s", config.coordinator,
+                            attempts["n"], f", after a {backoff:.2f} s backoff" if attempts["n"] > 1 else "", _reason(e),
+                            f"giving up in {left:.1f} s (--coordinator-wait {wait:g})" if wait else "until it answers (--coordinator-wait 0)")
             raise
 
     try:
