@@ -5,9 +5,9 @@ import inspect
 import pytest
 
 import rockstate
-from rockstate.local.cluster import LocalCluster
 from rockstate.errors import RockstateError
 from rockstate.states import Backend, Checkpointer
+from rockstate.testing.cluster import local_cluster
 
 
 def declared(protocol) -> set[str]:
@@ -26,7 +26,7 @@ def test_an_embedded_store_and_a_cluster_client_have_every_member(tmp_path):
         assert declared(Checkpointer) - set(dir(rs.backend.checkpointer)) == set()
         with pytest.raises(RockstateError, match="events come from a cluster"):
             rs.subscribe(print)
-    with LocalCluster(nodes=1, partitions=2, root=str(tmp_path / "cluster"), processes=False) as cluster:
+    with local_cluster(nodes=1, partitions=2, root=str(tmp_path / "cluster"), processes=False) as cluster:
         with cluster.connect() as rs:
             assert declared(Backend) - set(dir(rs.backend)) == set()
             assert declared(Checkpointer) - set(dir(rs.backend.checkpointer)) == set()

@@ -28,7 +28,6 @@ import msgpack
 import pytest
 
 from rockstate.cluster import protocol as p
-from rockstate.local.cluster import LocalCluster
 from rockstate.config import CoordinatorConfig, NodeConfig, load
 from rockstate.errors import (
     ConfigError,
@@ -50,6 +49,7 @@ from rockstate.rpc.frames import MAGIC, MAX_FRAME, encode, read_frame_sync
 from rockstate.rpc.messages import PROTOCOL_VERSION, Message, Welcome, parse_reply
 from rockstate.serde import KEY_TYPES, VALUE_TYPES, encode_key, encode_value, encode_values
 from rockstate.store.partition import APPEND, DELETE, DELETE_MANY, PUT, PUT_MANY, RAW_PUT
+from rockstate.testing.cluster import local_cluster
 
 P = 8
 MAX_KEY = 1024
@@ -73,7 +73,7 @@ _round_trips = itertools.count()
 def cluster(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("bad-input-cluster"))
     settings = {"max_key_bytes": MAX_KEY, "max_value_bytes": MAX_VALUE}
-    with LocalCluster(nodes=2, partitions=P, root=root, coordinator_settings=settings) as c:
+    with local_cluster(processes=True, nodes=2, partitions=P, root=root, coordinator_settings=settings) as c:
         with c.connect() as rs:
             rs.value_state("seed-values").put_many(SEED_VALUES)
             rs.map_state("seed-map").put_all("user", SEED_MAP)

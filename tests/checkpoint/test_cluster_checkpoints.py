@@ -2,15 +2,16 @@
 
 import pytest
 
-from rockstate.local.cluster import LocalCluster, wait_until
+from rockstate.local.cluster import wait_until
 from rockstate.errors import CheckpointsNotConfiguredError, PartitionUnavailableError, RockstateError
 from rockstate.testing.faults import FaultPlan
 
 from .conftest import wait_for
+from rockstate.testing.cluster import gen_cluster, local_cluster
 
 
 def test_checkpoint_and_restore_of_the_whole_cluster(tmp_path, url):
-    with LocalCluster(nodes=3, partitions=9, root=str(tmp_path / "c"), checkpoints=url) as cluster:
+    with local_cluster(processes=True, nodes=3, partitions=9, root=str(tmp_path / "c"), checkpoints=url) as cluster:
         with cluster.connect() as rs:
             s = rs.value_state("orders")
             s.put_many({i: f"v{i}" for i in range(3000)})
@@ -33,7 +34,7 @@ def test_checkpoint_and_restore_of_the_whole_cluster(tmp_path, url):
 
 
 def test_savepoint_and_a_new_cluster_starting_from_the_storage(tmp_path, file_url):
-    with LocalCluster(nodes=2, partitions=6, root=str(tmp_path / "a"), checkpoints=file_url) as cluster:
+    with local_cluster(processes=True, nodes=2, partitions=6, root=str(tmp_path / "a"), checkpoints=file_url) as cluster:
         with cluster.connect() as rs:
             rs.value_state("kept").put_many({i: i for i in range(500)})
             rs.map_state("m").put("k", "u", [1, 2])
@@ -47,7 +48,7 @@ def test_savepoint_and_a_new_cluster_starting_from_the_storage(tmp_path, file_ur
             rs.value_state("kept").put(1, "latest")
             rs.checkpoint()
     # same storage, a brand-new cluster: it starts from the latest checkpoint
-    with LocalCluster(nodes=2, partitions=6, root=str(tmp_path / "b"), checkpoints=file_url) as cluster:
+    with local_cluster(processes=True, nodes=2, partitions=6, root=str(tmp_path / "b"), checkpoints=file_url) as cluster:
         with cluster.connect() as rs:
             wait_for(lambda: any(e["event"] == "cluster_restored" for e in cluster.status()["events"]), 30, what="restore on start")
             assert rs.value_state("kept").get(1) == "latest" and rs.value_state("kept").get(2) == 2
@@ -55,7 +56,7 @@ def test_savepoint_and_a_new_cluster_starting_from_the_storage(tmp_path, file_ur
 
 
 def test_killed_node_is_restored_from_the_latest_checkpoint(tmp_path, file_url):
-    with LocalCluster(nodes=3, partitions=9, root=str(tmp_path), checkpoints=file_url, heartbeat_timeout=1.0, backup_count=0) as cluster:
+    with local_cluster(processes=True, nodes=3, partitions=9, root=str(tmp_path), checkpoints=file_url, heartbeat_timeout=1.0, backup_count=0) as cluster:
         with cluster.connect(retry_timeout=30) as rs:
             s = rs.value_state("durable")
             s.put_many({i: "checkpointed" for i in range(900)})
@@ -77,57 +78,56 @@ def test_killed_node_is_restored_from_the_latest_checkpoint(tmp_path, file_url):
             assert s.get(0) == "writable again"
 
 
-def test_failover_waits_out_a_failing_storage_and_never_serves_an_older_state(tmp_path):
+@gen_cluster(nodes=3, partitions=6, checkpoints="faulty::file://{tmp_path}/chk", heartbeat_timeout=1.0, backup_count=0)
+def test_failover_waits_out_a_failing_storage_and_never_serves_an_older_state(cluster):
     """The storage fails every read while a dead node's partitions are restored: they stay unavailable, the
     restore is retried, and once the storage works they come back with exactly the checkpoint's contents."""
-    with LocalCluster(nodes=3, partitions=6, root=str(tmp_path), checkpoints=f"faulty::file://{tmp_path}/chk",
-                      heartbeat_timeout=1.0, processes=False, backup_count=0) as cluster:
-        fs = cluster._runner.coordinators[0].checkpoints.storage.fs  # one instance, shared by the in-process nodes
-        fs.plan = FaultPlan()
-        with cluster.connect(retry_timeout=1) as rs:
-            s = rs.value_state("durable")
-            s.put_many({i: "checkpointed" for i in range(300)})
-            chk = rs.checkpoint().id
-            s.put_many({i: "after" for i in range(300)})
-            victim = cluster.nodes()[0].node_id
-            owned = set(rs.backend.refresh().owned_by(victim))
-            on_victim = [i for i in range(300) if rs.partition_of(i) in owned]
-            fs.plan = FaultPlan(error_rate=1.0)
-            cluster.kill_node(victim)
-            wait_until(lambda: [e for e in rs.backend.events() if e["event"] == "failover_retry"], 30, "a failed restore")
-            with pytest.raises(RockstateError) as unavailable:
-                s.get(on_victim[0])
-            assert unavailable.value.retryable
-            for _ in range(2):  # a checkpoint refused for a partition without an owner leaves none in flight
-                with pytest.raises(PartitionUnavailableError):
-                    rs.checkpoint()
-            fs.plan = FaultPlan()
-            wait_until(lambda: [e for e in rs.backend.events() if e["event"] == "partition_restored"], 30, "the failover")
-            assert rs.checkpoint().id > chk
-            values = s.get_many(range(300))
-            assert values == ["checkpointed" if i in on_victim else "after" for i in range(300)]
-            assert {e["checkpoint"] for e in rs.backend.events() if e["event"] == "partition_restored"} == {chk}
-
-
-def test_events_survive_a_coordinator_restart_and_keep_their_order(tmp_path):
-    with LocalCluster(nodes=1, partitions=2, root=str(tmp_path)) as cluster:
-        before = cluster.status()["events"]
-        assert before and before[-1]["seq"] == len(before)
-        cluster.kill_coordinator()
-        cluster.restart_coordinator()
-        with cluster.connect(retry_timeout=30) as rs:
-            after = wait_until(lambda: [e for e in rs.backend.events() if e["event"] == "coordinator_resumed"], 30, "resume")
-            events = rs.backend.events()
-        assert events[:len(before)] == before, "what happened before the kill is still there"
-        assert after[0]["seq"] > before[-1]["seq"]
-        assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
-
-
-def test_a_cluster_without_storage_says_so(tmp_path):
-    with LocalCluster(nodes=1, partitions=2, root=str(tmp_path), processes=False) as cluster:
-        with cluster.connect() as rs:
-            with pytest.raises(CheckpointsNotConfiguredError, match="--checkpoints"):
+    fs = cluster._runner.coordinators[0].checkpoints.storage.fs  # one instance, shared by the in-process nodes
+    fs.plan = FaultPlan()
+    with cluster.connect(retry_timeout=1) as rs:
+        s = rs.value_state("durable")
+        s.put_many({i: "checkpointed" for i in range(300)})
+        chk = rs.checkpoint().id
+        s.put_many({i: "after" for i in range(300)})
+        victim = cluster.nodes()[0].node_id
+        owned = set(rs.backend.refresh().owned_by(victim))
+        on_victim = [i for i in range(300) if rs.partition_of(i) in owned]
+        fs.plan = FaultPlan(error_rate=1.0)
+        cluster.kill_node(victim)
+        wait_until(lambda: [e for e in rs.backend.events() if e["event"] == "failover_retry"], 30, "a failed restore")
+        with pytest.raises(RockstateError) as unavailable:
+            s.get(on_victim[0])
+        assert unavailable.value.retryable
+        for _ in range(2):  # a checkpoint refused for a partition without an owner leaves none in flight
+            with pytest.raises(PartitionUnavailableError):
                 rs.checkpoint()
+        fs.plan = FaultPlan()
+        wait_until(lambda: [e for e in rs.backend.events() if e["event"] == "partition_restored"], 30, "the failover")
+        assert rs.checkpoint().id > chk
+        values = s.get_many(range(300))
+        assert values == ["checkpointed" if i in on_victim else "after" for i in range(300)]
+        assert {e["checkpoint"] for e in rs.backend.events() if e["event"] == "partition_restored"} == {chk}
+
+
+@gen_cluster(nodes=1, partitions=2, processes=True)
+def test_events_survive_a_coordinator_restart_and_keep_their_order(cluster):
+    before = cluster.status()["events"]
+    assert before and before[-1]["seq"] == len(before)
+    cluster.kill_coordinator()
+    cluster.restart_coordinator()
+    with cluster.connect(retry_timeout=30) as rs:
+        after = wait_until(lambda: [e for e in rs.backend.events() if e["event"] == "coordinator_resumed"], 30, "resume")
+        events = rs.backend.events()
+    assert events[:len(before)] == before, "what happened before the kill is still there"
+    assert after[0]["seq"] > before[-1]["seq"]
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+
+
+@gen_cluster(nodes=1, partitions=2)
+def test_a_cluster_without_storage_says_so(cluster):
+    with cluster.connect() as rs:
+        with pytest.raises(CheckpointsNotConfiguredError, match="--checkpoints"):
+            rs.checkpoint()
 
 
 def test_checkpoint_and_savepoint_commands(tmp_path, file_url):
@@ -140,7 +140,7 @@ def test_checkpoint_and_savepoint_commands(tmp_path, file_url):
         assert out.returncode == 0, out.stderr
         return out.stdout
 
-    with LocalCluster(nodes=2, partitions=4, root=str(tmp_path), checkpoints=file_url) as cluster:
+    with local_cluster(processes=True, nodes=2, partitions=4, root=str(tmp_path), checkpoints=file_url) as cluster:
         with cluster.connect() as rs:
             rs.value_state("v").put_many({i: i for i in range(100)})
         assert "completed" in cli("checkpoint", "trigger")
@@ -155,7 +155,7 @@ def test_checkpoint_and_savepoint_commands(tmp_path, file_url):
 
 
 def test_restored_names_the_restore_just_done_on_a_cluster(tmp_path, file_url):
-    with LocalCluster(nodes=2, partitions=4, root=str(tmp_path), checkpoints=file_url, processes=False) as cluster:
+    with local_cluster(nodes=2, partitions=4, root=str(tmp_path), checkpoints=file_url, processes=False) as cluster:
         with cluster.connect() as rs:
             assert rs.restored is None
             orders = rs.value_state("orders")

@@ -16,6 +16,7 @@ from rockstate.cli import human, main, parse_size
 from rockstate.cluster.client.backend import CLIENT_SETTINGS
 
 from .test_mistakes import rockstate_cli
+from rockstate.testing.cluster import local_cluster
 
 DOCS = pathlib.Path(__file__).parents[2] / "docs"
 
@@ -23,7 +24,7 @@ DOCS = pathlib.Path(__file__).parents[2] / "docs"
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
-    with LocalCluster(nodes=2, partitions=8, processes=False, root=str(root), checkpoints=f"file://{root}/checkpoints",
+    with local_cluster(nodes=2, partitions=8, processes=False, root=str(root), checkpoints=f"file://{root}/checkpoints",
                       coordinator_settings={"retained_checkpoints": 1}) as c:
         yield c
 

@@ -19,6 +19,7 @@ from rockstate import LocalCluster, open as open_store
 from rockstate.local.cluster import wait_until
 from rockstate.rpc.frames import MAGIC, encode, read_frame_sync
 from rockstate.rpc.messages import Hello, request
+from rockstate.testing.cluster import local_cluster
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "..", "fixtures", "compat-0.1")
 P = 4
@@ -29,7 +30,7 @@ LATE = {("customer", i): {"order_id": "after-the-checkpoint"} for i in range(5)}
 
 def make_fixture(folder: str) -> None:
     root = os.path.abspath(folder)
-    with LocalCluster(nodes=1, partitions=P, processes=False, root=root, checkpoints=f"file://{root}/checkpoints") as cluster:
+    with local_cluster(nodes=1, partitions=P, processes=False, root=root, checkpoints=f"file://{root}/checkpoints") as cluster:
         with cluster.connect() as rs:
             rs.value_state("orders").put_many(ORDERS)
             rs.list_state("events").extend("stream-1", [f"event-{i}" for i in range(10)])
@@ -60,7 +61,7 @@ def copy_fixture(tmp_path) -> str:
 
 def test_a_0_1_cluster_restarts_on_its_data_directories(tmp_path):
     root = copy_fixture(tmp_path)
-    with LocalCluster(nodes=1, partitions=P, processes=False, root=root) as cluster, cluster.connect() as rs:
+    with local_cluster(nodes=1, partitions=P, processes=False, root=root) as cluster, cluster.connect() as rs:
         expected = {**ORDERS, **LATE}
         assert rs.value_state("orders").get_many(list(expected)) == list(expected.values())
         assert rs.list_state("events").get("stream-1") == [f"event-{i}" for i in range(10)]
@@ -76,7 +77,7 @@ def test_a_0_1_node_store_opens_embedded(tmp_path):
 def test_a_0_1_checkpoint_and_savepoint_restore_into_a_new_cluster(tmp_path):
     root = copy_fixture(tmp_path)
     storage = f"file://{root}/checkpoints"
-    with LocalCluster(nodes=1, partitions=P, processes=False, root=str(tmp_path / "new"), checkpoints=storage) as cluster:
+    with local_cluster(nodes=1, partitions=P, processes=False, root=str(tmp_path / "new"), checkpoints=storage) as cluster:
         with cluster.connect() as rs:  # a new cluster on a storage with checkpoints starts from the latest
             orders = rs.value_state("orders")
             wait_until(lambda: any(e["event"] == "cluster_restored" for e in cluster.status()["events"]), 30, "the restore at start")
@@ -91,7 +92,7 @@ def test_a_0_1_client_is_understood(tmp_path):
     root = copy_fixture(tmp_path)
     with open(os.path.join(root, "client-frames.bin"), "rb") as f:
         frames = f.read()
-    with LocalCluster(nodes=1, partitions=P, processes=False, root=str(tmp_path / "wire")) as cluster:
+    with local_cluster(nodes=1, partitions=P, processes=False, root=str(tmp_path / "wire")) as cluster:
         host, port = cluster.address.rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=10) as sock, sock.makefile("rb") as stream:
             sock.sendall(frames)

@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rockstate import LocalCluster
 from rockstate.local.cluster import wait_until
+from rockstate.testing.cluster import local_cluster
 
 DASHBOARD = pathlib.Path(__file__).parents[2] / "docs" / "grafana" / "rockstate.json"
 OPERATIONS = pathlib.Path(__file__).parents[2] / "docs" / "operations.md"
@@ -51,7 +52,7 @@ def free_port() -> int:
 def scraped(tmp_path_factory):
     """The coordinator's and a node's /metrics, after some writes and a checkpoint."""
     root = tmp_path_factory.mktemp("metrics")
-    with LocalCluster(nodes=1, partitions=4, root=str(root), checkpoints=f"file://{root}/checkpoints") as cluster:
+    with local_cluster(processes=True, nodes=1, partitions=4, root=str(root), checkpoints=f"file://{root}/checkpoints") as cluster:
         port = free_port()
         node = subprocess.Popen([sys.executable, "-m", "rockstate.cli", "node", "--coordinator", cluster.address, "--port", "0",
                                  "--data-dir", str(root / "metered"), "--metrics-port", str(port), "--memory-bytes", "64MiB"],

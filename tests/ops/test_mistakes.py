@@ -25,6 +25,7 @@ from rockstate.errors import (
     PartitionUnavailableError,
     RockstateError,
 )
+from rockstate.testing.cluster import gen_cluster, local_cluster
 
 
 def rockstate_cli(*args: str, timeout: float = 60, stdin: str | None = None) -> subprocess.CompletedProcess:
@@ -43,7 +44,7 @@ def keys(n: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    with LocalCluster(nodes=2, partitions=8, root=str(tmp_path_factory.mktemp("live"))) as c:
+    with local_cluster(processes=True, nodes=2, partitions=8, root=str(tmp_path_factory.mktemp("live"))) as c:
         yield c
 
 
@@ -126,48 +127,48 @@ def test_checkpoint_storage_that_cannot_be_used_is_a_rockstate_error(tmp_path):
         s3.completed_ids()
 
 
-def test_wildcard_host_is_never_advertised(tmp_path):
-    with LocalCluster(nodes=1, partitions=4, processes=False, root=str(tmp_path)) as c:
-        for host, advertise, expected in (("0.0.0.0", "127.0.0.1", "127.0.0.1:"), ("0.0.0.0", None, None)):
-            data_dir = tmp_path / f"n-{advertise}"
-            proc = subprocess.Popen([sys.executable, "-m", "rockstate.cli", "node", "--coordinator", c.address, "--host", host,
-                                     "--port", "0", "--data-dir", str(data_dir), *(["--advertise-host", advertise] if advertise else [])],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            try:
-                address = wait_until(lambda: (json.loads((data_dir / "address.json").read_text()) if (data_dir / "address.json").exists() else {}).get("address"), 30, "the node")
-                assert not address.startswith("0.0.0.0")
-                if expected:
-                    assert address.startswith(expected)
-                assert address in {n["address"] for n in c.status()["nodes"]}
-            finally:
-                proc.kill()
-                proc.wait()
+@gen_cluster(nodes=1, partitions=4, root="{tmp_path}")
+def test_wildcard_host_is_never_advertised(c, tmp_path):
+    for host, advertise, expected in (("0.0.0.0", "127.0.0.1", "127.0.0.1:"), ("0.0.0.0", None, None)):
+        data_dir = tmp_path / f"n-{advertise}"
+        proc = subprocess.Popen([sys.executable, "-m", "rockstate.cli", "node", "--coordinator", c.address, "--host", host,
+                                 "--port", "0", "--data-dir", str(data_dir), *(["--advertise-host", advertise] if advertise else [])],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            address = wait_until(lambda: (json.loads((data_dir / "address.json").read_text()) if (data_dir / "address.json").exists() else {}).get("address"), 30, "the node")
+            assert not address.startswith("0.0.0.0")
+            if expected:
+                assert address.startswith(expected)
+            assert address in {n["address"] for n in c.status()["nodes"]}
+        finally:
+            proc.kill()
+            proc.wait()
 
 
-def test_partial_answers_are_refused_while_a_partition_has_no_live_owner(tmp_path):
-    with LocalCluster(nodes=2, partitions=8, heartbeat_timeout=1.0, root=str(tmp_path), backup_count=0) as c:
-        with c.connect(retry_timeout=1.0) as rs:
-            orders = rs.value_state("orders")
-            orders.put_many({k: {"amount": i} for i, k in enumerate(keys(100))})
-            assert orders.count() == 100
-            victim = c.nodes()[0]
-            held = next(n["partitions"] for n in c.status()["nodes"] if n["node_id"] == victim.node_id)
-            c.kill_node(victim.node_id)
-            wait_until(lambda: members(c)[victim.node_id][1] == "dead", 20, "the node to be declared dead")
-            with pytest.raises(PartitionUnavailableError, match="have no live owner") as err:
-                orders.count()
-            assert err.value.retryable and f"({held} in all)" in str(err.value)
-            with pytest.raises(PartitionUnavailableError):
-                rs.stats()
-            with pytest.raises(RockstateError):
-                list(orders.keys())
-            status = c.status()
-            assert status["unavailable"] == held > 0
-            result = rockstate_cli("status", "--coordinator", c.address)
-            assert f"{held} partitions without a live owner" in result.stdout
-            c.restart_node(victim.node_id)
-            c.wait_balanced()
-            assert wait_until(lambda: _count_or_none(orders), 30, "a whole count again") == 100
+@gen_cluster(nodes=2, partitions=8, heartbeat_timeout=1.0, backup_count=0, processes=True)
+def test_partial_answers_are_refused_while_a_partition_has_no_live_owner(c):
+    with c.connect(retry_timeout=1.0) as rs:
+        orders = rs.value_state("orders")
+        orders.put_many({k: {"amount": i} for i, k in enumerate(keys(100))})
+        assert orders.count() == 100
+        victim = c.nodes()[0]
+        held = next(n["partitions"] for n in c.status()["nodes"] if n["node_id"] == victim.node_id)
+        c.kill_node(victim.node_id)
+        wait_until(lambda: members(c)[victim.node_id][1] == "dead", 20, "the node to be declared dead")
+        with pytest.raises(PartitionUnavailableError, match="have no live owner") as err:
+            orders.count()
+        assert err.value.retryable and f"({held} in all)" in str(err.value)
+        with pytest.raises(PartitionUnavailableError):
+            rs.stats()
+        with pytest.raises(RockstateError):
+            list(orders.keys())
+        status = c.status()
+        assert status["unavailable"] == held > 0
+        result = rockstate_cli("status", "--coordinator", c.address)
+        assert f"{held} partitions without a live owner" in result.stdout
+        c.restart_node(victim.node_id)
+        c.wait_balanced()
+        assert wait_until(lambda: _count_or_none(orders), 30, "a whole count again") == 100
 
 
 def _count_or_none(state):

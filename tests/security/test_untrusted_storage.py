@@ -19,8 +19,8 @@ from rockstate.cluster import protocol as p
 from rockstate.cluster.transfer import receive_files
 from rockstate.errors import (CheckpointAuthenticationError, CheckpointPathError, ClusterError, CorruptCheckpointError,
                               InvalidNameError)
-from rockstate.local.cluster import LocalCluster
 from rockstate.names import check_relative, create_new, inside
+from rockstate.testing.cluster import local_cluster
 
 SECRET = "bucket writers do not know this"
 BAD_NAMES = ["/etc/passwd", "../x", "../../../../tmp/x", "a/b", "", ".", "..", "-rf", "x\x00y", "x\n", "a..b", "[red]x[/red]",
@@ -154,7 +154,7 @@ def test_a_planted_or_altered_checkpoint_is_refused_and_the_previous_one_used(tm
     url = f"file://{tmp_path}/storage"
     storage = CheckpointStorage(url)
     (tmp_path / "c").mkdir()
-    with LocalCluster(nodes=1, partitions=4, root=str(tmp_path / "c"), processes=False, secret=SECRET, checkpoints=url,
+    with local_cluster(nodes=1, partitions=4, root=str(tmp_path / "c"), processes=False, secret=SECRET, checkpoints=url,
                       backup_count=0) as cluster, cluster.connect() as rs:
         _fill(rs, "first")
         c1 = rs.checkpoint()
@@ -197,7 +197,7 @@ def test_a_node_id_with_markup_and_dots_cannot_register(tmp_path):
     """The finding's fake node ``../../../x<script>[/x]`` is refused at the message, on a real coordinator."""
     from rockstate.rpc.client import Channel
 
-    with LocalCluster(nodes=1, partitions=2, root=str(tmp_path), processes=False, secret=SECRET) as cluster:
+    with local_cluster(nodes=1, partitions=2, root=str(tmp_path), processes=False, secret=SECRET) as cluster:
         channel = Channel(cluster.address, timeout=5, secret=SECRET.encode())
         with pytest.raises(InvalidNameError):
             channel.call(Raw(op="register", address="127.0.0.1:1", node_id="../../../x<script>[/x]"))

@@ -16,6 +16,7 @@ from rockstate.spark import BulkLoadResult, StateClientSpec, bulk_load
 from rockstate.spark.bulk import _int_order, _LoadTask
 
 from .conftest import PARTITIONS
+from rockstate.testing.cluster import gen_cluster
 
 N = 50_000
 
@@ -116,9 +117,10 @@ def test_bulk_load_refuses_bad_input(spark, rs):
         bulk_load(df, "bulk-bad", "ts", "k", rs, shuffle=False)
 
 
-def test_ingest_follows_a_moved_partition(tmp_path):
+@gen_cluster(nodes=1, partitions=4, root="{tmp_path}/cluster")
+def test_ingest_follows_a_moved_partition(cluster, tmp_path):
     """A client routing by a stale table gets NOT_OWNER for moved partitions, refreshes and uploads again."""
-    with LocalCluster(nodes=1, partitions=4, root=str(tmp_path / "cluster"), processes=False) as cluster, cluster.connect() as handle:
+    with cluster.connect() as handle:
         state = handle.value_state("moved")
         backend = handle.backend
         stale = backend.table.epoch

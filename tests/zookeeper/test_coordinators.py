@@ -24,6 +24,7 @@ from rockstate.files import read_json
 from rockstate.rpc.client import Channel
 from rockstate.testing.history import History, check_history
 from rockstate.testing.workload import Workload, keys_for
+from rockstate.testing.cluster import local_cluster
 
 SESSION = 1.5
 
@@ -124,7 +125,7 @@ def test_the_leader_killed_mid_failover_the_new_leader_restores_and_no_partition
 @pytest.mark.timeout(120)
 def test_a_zookeeper_restart_loses_nothing_and_the_cluster_serves_again(tmp_path, capsys):
     orders = {f"order-{i:05d}": {"amount": f"{i}.25"} for i in range(500)}
-    with LocalCluster(nodes=2, partitions=8, root=str(tmp_path / "cluster"), coordinators=3, zookeeper=True,
+    with local_cluster(processes=True, nodes=2, partitions=8, root=str(tmp_path / "cluster"), coordinators=3, zookeeper=True,
                       zookeeper_session_timeout=SESSION, heartbeat_timeout=4.0) as cluster, cluster.connect() as rs:
         state = rs.value_state("orders")
         state.put_many(orders)
@@ -155,7 +156,7 @@ def test_zookeeper_away_for_longer_than_a_session_the_data_path_waits_and_nobody
     """Every process cut off from ZooKeeper: the leader stops renewing leases at once (it may have been
     replaced), the nodes stop serving when theirs run out, and all of it comes back with ZooKeeper."""
     orders = {("customer", i): {"amount": f"{i}.10", "placed": "2026-11-23T10:00:00Z"} for i in range(400)}
-    with LocalCluster(nodes=2, partitions=8, root=str(tmp_path / "cluster"), coordinators=3, zookeeper=True,
+    with local_cluster(processes=True, nodes=2, partitions=8, root=str(tmp_path / "cluster"), coordinators=3, zookeeper=True,
                       zookeeper_session_timeout=SESSION, heartbeat_timeout=4.0) as cluster, cluster.connect() as rs:
         state = rs.value_state("orders")
         state.put_many(orders)
@@ -177,7 +178,7 @@ def test_a_three_server_ensemble_with_one_server_killed_keeps_the_cluster_servin
 
     orders = {("customer", i): {"amount": f"{i}.30", "placed": "2026-11-23T11:00:00Z"} for i in range(300)}
     with ZooKeeperEnsemble(str(tmp_path / "ensemble")) as ensemble, \
-            LocalCluster(nodes=2, partitions=8, root=str(tmp_path / "cluster"), coordinators=3, zookeeper=ensemble.hosts,
+            local_cluster(processes=True, nodes=2, partitions=8, root=str(tmp_path / "cluster"), coordinators=3, zookeeper=ensemble.hosts,
                          zookeeper_session_timeout=SESSION, heartbeat_timeout=4.0) as cluster, cluster.connect() as rs:
         state = rs.value_state("orders")
         state.put_many(orders)

@@ -7,13 +7,14 @@ from rockstate import LocalCluster
 from rockstate.local.cluster import wait_until
 from rockstate.files import read_json
 from tests.ops.test_status_page import browser, needs_chromium  # noqa: F401 -- the fixture
+from rockstate.testing.cluster import local_cluster
 
 UPDATED = "return document.getElementById('updated').textContent"
 
 
 @needs_chromium
 def test_a_standbys_page_names_the_leader(browser, tmp_path, zookeeper):  # noqa: F811 -- the fixture
-    with LocalCluster(nodes=1, partitions=4, root=str(tmp_path / "cluster"), processes=False, coordinators=2,
+    with local_cluster(nodes=1, partitions=4, root=str(tmp_path / "cluster"), processes=False, coordinators=2,
                       zookeeper=zookeeper.hosts, coordinator_settings={"cluster_name": f"page-{uuid.uuid4().hex[:8]}"}) as cluster:
         leader = cluster.status()["coordinators"]["leader"]
         standby = 1 - cluster.coordinator_addresses.index(leader)
