@@ -44,6 +44,7 @@ the members allow.
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -121,6 +122,7 @@ class _Backups:
         self.cap = {n: q + (1 if i < r else 0) for i, n in enumerate(by_load)}
         self.short = [n for n in alive if held[n] < self.cap[n]]
         self.load = dict.fromkeys(self.alive, 0)
+        self._order: list[tuple[int, str]] | None = None
 
     def closed_to_short(self, primary: str) -> bool:
         return not any(self._allowed(n, primary, []) for n in self.short)
@@ -140,15 +142,24 @@ class _Backups:
 
     def fill(self, primary: str, chosen: list[str]) -> list[str]:
         added: list[str] = []
+        if self._order is None:  # members by (load, id), kept in order as fill adds (keep() is done by now)
+            self._order = sorted((load, n) for n, load in self.load.items())
         while len(chosen) + len(added) < self.count:
             taken = [*chosen, *added]
-            options = [n for n in self.alive if self._allowed(n, primary, taken)]
-            if not options:
-                break
             zones_taken = {self.zone[n] for n in [primary, *taken]}
-            best = min(options, key=lambda n: (self.load[n] >= self.cap[n], self.zone[n] in zones_taken, self.load[n], n))
+            # the usual best, found in a few steps rather than over every member: the first in (load, id) order
+            # under its cap, in a zone not taken, and allowed -- the minimum of the key below when there is one
+            best = next((n for _, n in self._order if self.load[n] < self.cap[n] and self.zone[n] not in zones_taken
+                         and self._allowed(n, primary, taken)), None)
+            if best is None:
+                options = [n for n in self.alive if self._allowed(n, primary, taken)]
+                if not options:
+                    break
+                best = min(options, key=lambda n: (self.load[n] >= self.cap[n], self.zone[n] in zones_taken, self.load[n], n))
             added.append(best)
+            del self._order[bisect_left(self._order, (self.load[best], best))]
             self.load[best] += 1
+            insort(self._order, (self.load[best], best))
         return added
 
     def even_out(self, target: list[list[str]], movable: list[int]) -> None:
