@@ -59,7 +59,6 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-from pyspark.sql.pandas.types import to_arrow_schema
 from rocksdict import AccessType, Options, Rdict
 
 from ..checkpoint.restore import candidates, load_manifest, load_metadata, restore_partition
@@ -68,6 +67,7 @@ from ..checkpoint.storage import CheckpointStorage
 from ..errors import ConfigError, InvalidInputError, UnknownStateError
 from ..serde import decode_key, decode_stream, decode_value, split_pair
 from ..store.partition import now_ms
+from .compat import to_arrow_schema
 
 BATCH_ROWS = 10_000
 COLUMNS = ("key", "user_key", "value", "partition", "expires_at")

@@ -29,11 +29,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import types as T
-from pyspark.sql.pandas.types import to_arrow_schema
 
 from ..errors import InvalidInputError, UnsupportedShapeError
 from ..ops import DELETE_PREFIX
 from ..serde import decode_key, encode_keys
+from .compat import to_arrow_schema
 from . import expiry
 from .batch import Batch, BatchWriter
 from .chunks import chunks
@@ -88,7 +88,8 @@ class Output:
             missing = [name for name in names if name not in out.columns]
             if missing:
                 raise InvalidInputError(f"the processor's output lacks columns {missing} of output_schema {self.schema.simpleString()}")
-            yield pa.RecordBatch.from_pandas(out[names], schema=schema, preserve_index=False)
+            # through a Table: pandas 3's string columns are Arrow-backed, chunked, which RecordBatch.from_pandas refuses
+            yield from pa.Table.from_pandas(out[names], schema=schema, preserve_index=False).combine_chunks().to_batches()
 
 
 @dataclass(frozen=True)
