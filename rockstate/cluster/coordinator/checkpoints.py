@@ -17,6 +17,7 @@ import logging
 from typing import Any, Awaitable, Callable, Sequence
 
 from ...checkpoint.driver import CheckpointDriver, policy_of
+from ...checkpoint.manifest import PartitionManifest
 from ...checkpoint.participants import Holding
 from ...checkpoint.restore import PartitionRestore
 from ...checkpoint.storage import CheckpointStorage
@@ -41,7 +42,7 @@ class NodeParticipant:
     def __str__(self) -> str:
         return f"node {self.node_id}"
 
-    async def snapshot(self, checkpoint_id: int, retained: Sequence[int], partitions: list[int]) -> list[dict]:
+    async def snapshot(self, checkpoint_id: int, retained: Sequence[int], partitions: list[int]) -> list[PartitionManifest | dict]:
         return await self.channel.call(p.SnapshotPartitions(checkpoint=checkpoint_id, retained=list(retained), partitions=partitions),
                                        timeout=self.timeout)
 

@@ -27,6 +27,7 @@ async def run_move(m: Migration, src: AsyncChannel | None, dst: AsyncChannel, so
     def request(step: Step) -> Awaitable:
         if step is Step.COMMIT:
             return commit()
+        assert src is not None and source_address is not None  # a move without a serving source only commits
         if step is Step.PULL:
             return dst.call(p.Pull(partition=pid, source=source_address), timeout=3600.0)
         if step is Step.FREEZE:

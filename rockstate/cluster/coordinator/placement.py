@@ -124,8 +124,9 @@ class Placement:
             if self._restore_on_start and checkpoints is not None and None not in self.state.table.owners:
                 self._restore_on_start = False
                 chk = checkpoints.latest()
-                await checkpoints.restore_partitions(chk, self.partitions_by_node())
-                self._event("cluster_restored", checkpoint=chk, reason="new cluster on a storage with checkpoints")
+                if chk is not None:  # (it is: prepare() found it)
+                    await checkpoints.restore_partitions(chk, self.partitions_by_node())
+                    self._event("cluster_restored", checkpoint=chk, reason="new cluster on a storage with checkpoints")
             self._spawn(self.replicas.ensure())
             return len(planned)
 

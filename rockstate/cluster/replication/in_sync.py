@@ -197,7 +197,7 @@ class ReplicaControl:
         move it would give the target no data, and the backups would copy that (chaos seed 8 --ha lost partitions
         so); the next rebalance plans anew."""
         pid, s = move.partition, self.sets[move.partition]
-        if not source_serving or move.source != s.primary:
+        if not source_serving or move.source is None or move.source != s.primary:
             log.info("move of partition %d from %s to %s dropped: its primary is %s now", pid, move.source, move.target, s.primary)
             return
         adds = replica_placement.handover_adds(self.sets.table(), pid, move.source, move.target, s.in_sync,
