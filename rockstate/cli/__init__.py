@@ -163,8 +163,18 @@ def build_parser() -> argparse.ArgumentParser:
     from ..demo import add_arguments
 
     add_arguments(p)
+    _defaults_after_environment(p)
     p.set_defaults(func=cmd_demo, _parser=p)
     return parser
+
+
+def _defaults_after_environment(p: argparse.ArgumentParser) -> None:
+    """A flag's default kept aside, so that ``_resolve`` can tell a flag not given (then ROCKSTATE_<NAME>, then the
+    default) from one given with the default's value."""
+    for action in p._actions:
+        if action.option_strings and action.default not in (None, argparse.SUPPRESS) and action.dest not in NOT_FROM_ENVIRONMENT:
+            action.rockstate_default = action.default  # type: ignore[attr-defined]
+            action.default = argparse.SUPPRESS
 
 
 def _from_environment(action: argparse.Action, text: str) -> Any:
@@ -198,10 +208,11 @@ def _resolve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argpa
         if getattr(args, dest, None) is not None:
             continue
         text = os.environ.get(f"ROCKSTATE_{dest.upper()}")
-        if text is not None:
-            setattr(args, dest, _from_environment(action, text))
-        elif not hasattr(args, dest):
-            setattr(args, dest, None)
+        value = None if text is None else _from_environment(action, text)
+        if value is not None:
+            setattr(args, dest, value)
+        elif getattr(args, dest, None) is None:
+            setattr(args, dest, getattr(action, "rockstate_default", None))
     if model is None or "coordinator" not in fields:
         args.coordinator = getattr(args, "coordinator", None) or DEFAULT_COORDINATOR
     args.verbose = bool(getattr(args, "verbose", None))

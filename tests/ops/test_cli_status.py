@@ -278,3 +278,20 @@ def test_a_node_that_cannot_reach_its_coordinator_says_why_and_exits(tmp_path):
     assert f"node gave up reaching the coordinator at 127.0.0.1:{port}" in result.stderr.splitlines()[-1]
     assert 4 < took < 40, took
     assert not (tmp_path / "node" / "node.json").exists()  # it never joined anything
+
+
+def test_flags_with_defaults_come_from_the_environment_too(monkeypatch):
+    """Flags whose default is not None (the demo's) are read from ROCKSTATE_<NAME> when not given; given, they win."""
+    from rockstate.cli import _resolve, build_parser
+
+    def parse(*argv):
+        parser = build_parser()
+        return _resolve(parser, parser.parse_args(argv))
+
+    monkeypatch.setenv("ROCKSTATE_NODES", "5")
+    monkeypatch.setenv("ROCKSTATE_NO_FAILURE", "yes")
+    demo = parse("demo")
+    assert (demo.nodes, demo.no_failure, demo.events) == (5, True, 100_000)
+    assert parse("demo", "--nodes", "3").nodes == 3
+    monkeypatch.setenv("ROCKSTATE_COORDINATOR_WAIT", "7.5")
+    assert parse("node").coordinator_wait == 7.5 and parse("node", "--coordinator-wait", "1").coordinator_wait == 1
