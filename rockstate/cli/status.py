@@ -90,7 +90,7 @@ def render(out: Output, address: str, status: dict, summary: dict) -> None:
     out.line(f"cluster at {address}: {verdict.upper()}{why}", STYLE[verdict])
     rows: list[tuple[str, str]] = [("nodes", _nodes_line(summary))]
     unavailable = summary["without_live_owner"]
-    rows.append(("partitions", f"{summary['partitions']}, table epoch {status.get('epoch')}; "
+    rows.append(("partitions", f"{summary['partitions']} partitions, table epoch {status.get('epoch')}; "
                  + (f"{unavailable} partitions without a live owner" if unavailable else "every partition has a live owner")))
     backups = status.get("backup_count", 0)
     short = summary["short_of_in_sync_backups"]
