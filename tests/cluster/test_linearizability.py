@@ -9,6 +9,7 @@ import functools
 import math
 import random
 import threading
+from typing import ContextManager
 
 import pytest
 
@@ -220,10 +221,10 @@ def test_compare_and_set_on_a_cluster_loses_no_update(cluster):
 # -- recorded histories on multi-process clusters ---------------------------------------
 
 
-def linearizable_cluster(tmp_path, backup_count: int = 1) -> LocalCluster:
+def linearizable_cluster(tmp_path, backup_count: int = 1) -> ContextManager[LocalCluster]:
     # heartbeat 2 s: at 1 s a loaded machine's stalls were taken for deaths (each one a promotion and a re-copy)
-    return LocalCluster(nodes=3, partitions=8, root=str(tmp_path / "cluster"),
-                        checkpoints=f"file://{tmp_path}/checkpoints", heartbeat_timeout=2.0, backup_count=backup_count)
+    return local_cluster(nodes=3, partitions=8, root=str(tmp_path / "cluster"), processes=True,
+                         checkpoints=f"file://{tmp_path}/checkpoints", heartbeat_timeout=2.0, backup_count=backup_count)
 
 
 @pytest.mark.timeout(120)

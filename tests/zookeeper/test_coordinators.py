@@ -13,6 +13,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from typing import ContextManager
 
 import pytest
 
@@ -29,10 +30,10 @@ from rockstate.testing.cluster import local_cluster
 SESSION = 1.5
 
 
-def ha_cluster(tmp_path, zookeeper, nodes: int = 3, **options) -> LocalCluster:
-    return LocalCluster(nodes=nodes, partitions=8, root=str(tmp_path / "cluster"), zookeeper=zookeeper.hosts,
-                        zookeeper_session_timeout=SESSION, heartbeat_timeout=4.0,
-                        coordinator_settings={"cluster_name": f"ha-{uuid.uuid4().hex[:8]}"}, **{"coordinators": 3, **options})
+def ha_cluster(tmp_path, zookeeper, nodes: int = 3, **options) -> ContextManager[LocalCluster]:
+    return local_cluster(nodes=nodes, partitions=8, root=str(tmp_path / "cluster"), zookeeper=zookeeper.hosts,
+                         zookeeper_session_timeout=SESSION, heartbeat_timeout=4.0, processes=True,
+                         coordinator_settings={"cluster_name": f"ha-{uuid.uuid4().hex[:8]}"}, **{"coordinators": 3, **options})
 
 
 def new_leader(cluster: LocalCluster, killed: int, timeout: float) -> None:
