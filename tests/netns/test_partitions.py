@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import os
 import time
+from typing import ContextManager
 
 import pytest
 
 from rockstate.local.cluster import LocalCluster, wait_until
+from rockstate.testing.cluster import local_cluster
 from rockstate.testing.history import check_history
 from rockstate.testing.recording import READ, History
 from rockstate.testing.workload import Workload, keys_for, read_back
@@ -19,10 +21,10 @@ from rockstate.testing.workload import Workload, keys_for, read_back
 HEARTBEAT_TIMEOUT = 3.0  # the lease is half of it: a cut-off primary stops serving 1.5 s before it is declared dead
 
 
-def cluster_on(network, tmp_path, nodes: int) -> LocalCluster:
+def cluster_on(network, tmp_path, nodes: int) -> ContextManager[LocalCluster]:
     """The coordinator on host "coordinator", node i on host "node<i>"; every partition with one backup."""
-    return LocalCluster(nodes=nodes, partitions=8, root=str(tmp_path / "cluster"), heartbeat_timeout=HEARTBEAT_TIMEOUT,
-                        backup_count=1, hosts=network.place)
+    return local_cluster(nodes=nodes, partitions=8, root=str(tmp_path / "cluster"), heartbeat_timeout=HEARTBEAT_TIMEOUT,
+                         backup_count=1, hosts=network.place, processes=True)
 
 
 def host_of(cluster, node_id: str) -> str:
