@@ -1,6 +1,7 @@
 """``rockstate status``: the verdict first, in a screenful; details behind flags.
 
-The verdict, from the coordinator's status document (``cluster/coordinator/web/status.py``):
+The verdict (``cluster/health.py``'s ``summarize``, which the coordinator's ``GET /healthz`` answers too),
+from the coordinator's status document (``cluster/coordinator/web/status.py``):
 
 - **unavailable** (exit 2): a partition has no live owner, no node is alive, no coordinator leads,
   or the coordinator cannot be asked at all;
@@ -20,60 +21,14 @@ import argparse
 import signal
 import sys
 import time
-from collections import Counter
 
+from ..cluster.health import short_partitions, summarize, unreachable
 from ..errors import ConfigError, RockstateError
 from .common import Output, backend, coordinator_of, human, output_of, print_json
 
-EXIT = {"healthy": 0, "degraded": 1, "unavailable": 2}
 STYLE = {"healthy": "bold green", "degraded": "bold yellow", "unavailable": "bold red"}
 NODE_ORDER = ("alive", "suspect", "leaving", "dead", "left")
 EVENTS_SHOWN = 20
-
-
-def short_partitions(status: dict) -> list[int]:
-    """Partitions with fewer in-sync backups than configured (or waiting for the election of a primary)."""
-    want = status.get("backup_count", 0)
-    return [r["partition"] for r in status.get("replicas") or []
-            if r.get("waiting_for_election") or len(r["backups"]) < want or not all(b["in_sync"] for b in r["backups"])]
-
-
-def summarize(status: dict) -> dict:
-    """The verdict, its reasons and the figures the summary shows."""
-    nodes = status.get("nodes", [])
-    by_state = Counter(n["status"] for n in nodes)
-    unavailable = status.get("unavailable", status.get("unassigned", 0))
-    short = short_partitions(status)
-    electing = [r["partition"] for r in status.get("replicas") or [] if r.get("waiting_for_election")]
-    coordinators = status.get("coordinators") or {}
-    failovers = status.get("failovers") or []
-    down, weak = [], []
-    if unavailable:
-        down.append(f"{unavailable} partitions without a live owner")
-    if not by_state.get("alive"):
-        down.append("no node is alive")
-    if "leader" in coordinators and not coordinators.get("leader"):
-        down.append("no coordinator leads" + (f" ({coordinators['error']})" if coordinators.get("error") else ""))
-    if short:
-        weak.append(f"{len(short)} partitions short of in-sync backups")
-    if failovers:
-        weak.append(f"failover of {', '.join(map(str, failovers))} in flight")
-    odd = {s: c for s, c in by_state.items() if s not in ("alive", "leaving", "left", "dead")}
-    if odd:
-        weak.append(", ".join(f"{c} node(s) {s}" for s, c in sorted(odd.items())))
-    verdict = "unavailable" if down else "degraded" if weak else "healthy"
-    return {"verdict": verdict, "exit_code": EXIT[verdict], "reasons": down + weak,
-            "nodes": {s: sorted(n["node_id"] for n in nodes if n["status"] == s) for s in by_state},
-            "partitions": status.get("partitions"), "without_live_owner": unavailable,
-            "short_of_in_sync_backups": short, "waiting_for_election": electing,
-            "moves": status.get("moves") or [], "failovers": failovers,
-            "leader": coordinators.get("leader"), "standbys": coordinators.get("standbys") or [],
-            "checkpoints": status.get("checkpoints")}
-
-
-def unreachable(address: str, error: BaseException) -> dict:
-    return {"verdict": "unavailable", "exit_code": EXIT["unavailable"],
-            "reasons": [f"cannot ask the coordinator at {address}: {error}"]}
 
 
 def _nodes_line(summary: dict) -> str:

@@ -4,7 +4,10 @@
     GET /api/status     the cluster's status (``status.cluster_status``), as ``rockstate status --json`` prints it;
                         a standby coordinator answers 503 with the leader's address
     GET /metrics        the coordinator's Prometheus metrics
-    GET /healthz        "ok" while the coordinator serves
+    GET /healthz        the cluster's health verdict as JSON (``cluster/health.py``, what ``rockstate status``
+                        exits with): 200 ``{"verdict": "healthy"}`` or ``{"verdict": "degraded", "reasons": [...]}``,
+                        503 ``{"verdict": "unavailable", ...}``; a standby coordinator answers 503 with the leader
+    GET /livez          "ok" while the coordinator serves (a liveness probe: not the cluster's health)
 
 When the cluster has a secret, every request must carry it: HTTP basic auth
 with any user name and the secret as password (a browser asks for it), or
@@ -21,6 +24,8 @@ from typing import Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from ...health import HTTP, summarize
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +48,7 @@ class StatusServer:
         app.router.add_get("/api/status", self.status)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/livez", self.livez)
         app.router.add_static("/static/", STATIC)
         return app
 
@@ -82,6 +88,19 @@ class StatusServer:
         return web.Response(body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(self, request: web.Request) -> web.Response:
+        """The verdict ``rockstate status`` exits with: 200 healthy or degraded (the body tells which), 503 unavailable."""
+        headers = {"Cache-Control": "no-store"}
+        if not self._leading():
+            return web.json_response({"verdict": None, "leading": False, "coordinators": await self._coordinators(),
+                                      "reasons": ["a standby coordinator: ask the leader"]}, status=503, headers=headers)
+        summary = summarize(await self._status())
+        health = {k: summary[k] for k in ("verdict", "exit_code", "reasons", "nodes", "partitions", "without_live_owner",
+                                          "waiting_for_election", "failovers", "leader")}
+        health["short_of_in_sync_backups"] = len(summary["short_of_in_sync_backups"])
+        health["moves_in_flight"] = len(summary["moves"])
+        return web.json_response(health, status=HTTP[summary["verdict"]], headers=headers)
+
+    async def livez(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
 
