@@ -2,6 +2,8 @@
 
 States of one member::
 
+                 ┌── silent for suspect_after (suspects()) ──▶ (SUSPECT) ─┐ heard again (heartbeat(): next suspects())
+                 │                                                        ▼
     register() ──▶ ALIVE ── silent for heartbeat_timeout (expire()) ──▶ DEAD
                    ▲  │ ◀──────────── heartbeat() or register() ────────┘
                    │  └── leave(others=True) ──▶ LEAVING ── left() ──▶ LEFT
@@ -22,6 +24,16 @@ States of one member::
   loaded machine), their heartbeats may wait unread in its sockets, so
   nobody expires then and every member's silence is counted from after the
   stall.
+- ``suspects(now)``: an ALIVE member silent for longer than ``suspect_after``
+  (a third of the timeout: at least two of the node's heartbeat intervals,
+  which are at most a third of its lease, half the timeout) is SUSPECT; one
+  heard from again (``heartbeat``) is not. Answers the members that became
+  suspect and those that stopped being so since the previous call (a member
+  declared dead meanwhile is neither: it is dead). SUSPECT is shown, never
+  acted on: the member's ``status`` stays ALIVE (``Member.shown`` is
+  ``"suspect"``), so placement, replicas and leases treat it as alive until
+  ``expire`` declares it dead. Silences are counted as ``expire`` left
+  them: a stall of the caller itself is not the members' silence.
 - ``leave`` / ``left``: a graceful leave; a LEAVING member still gets the
   table (its partitions move off it) but is not a target. ``leave_failed``:
   its partitions could not all move off it; it exits all the same, so it is
@@ -39,6 +51,10 @@ from enum import StrEnum
 from ..errors import UnknownNodeError
 
 
+SUSPECT_FRACTION = 3  # suspect after heartbeat_timeout / 3 of silence (dead after all of it)
+SUSPECT = "suspect"  # the shown state of an ALIVE member silent for longer than suspect_after
+
+
 class MemberStatus(StrEnum):
     ALIVE = "alive"
     DEAD = "dead"
@@ -52,6 +68,12 @@ class Member:
     address: str
     status: MemberStatus = MemberStatus.ALIVE
     last_seen: float = 0.0  # monotonic
+    suspect: bool = False  # ALIVE and silent for longer than suspect_after (Membership.suspects)
+
+    @property
+    def shown(self) -> str:
+        """The state the status and the metrics show: ``status``, or "suspect" for a suspect ALIVE member."""
+        return SUSPECT if self.suspect and self.status is MemberStatus.ALIVE else str(self.status)
 
 
 class Membership:
@@ -60,6 +82,11 @@ class Membership:
         self.members: dict[str, Member] = members or {}
         self.next_id = next_id
         self._expired_at: float | None = None  # the previous expire()
+        self._recovered: list[Member] = []  # suspect members heard from since the previous suspects()
+
+    @property
+    def suspect_after(self) -> float:
+        return self.heartbeat_timeout / SUSPECT_FRACTION
 
     @classmethod
     def from_wire(cls, heartbeat_timeout: float, saved: dict, now: float) -> "Membership":
@@ -99,6 +126,7 @@ class Membership:
             self.next_id += 1
         member = self.members.setdefault(node_id, Member(node_id, address))
         member.address, member.status, member.last_seen = address, MemberStatus.ALIVE, now
+        self._heard(member)
         return node_id, joined
 
     def heartbeat(self, node_id: str, now: float) -> bool:
@@ -109,7 +137,13 @@ class Membership:
         if returned:
             member.status = MemberStatus.ALIVE
         member.last_seen = now
+        self._heard(member)
         return returned
+
+    def _heard(self, member: Member) -> None:
+        if member.suspect:
+            member.suspect = False
+            self._recovered.append(member)
 
     def expire(self, now: float) -> list[Member]:
         stalled = 0.0 if self._expired_at is None else now - self._expired_at
@@ -120,8 +154,19 @@ class Membership:
             return []
         dead = [m for m in self.alive() if now - m.last_seen > self.heartbeat_timeout]
         for m in dead:
-            m.status = MemberStatus.DEAD
+            m.status, m.suspect = MemberStatus.DEAD, False
         return dead
+
+    def suspects(self, now: float) -> tuple[list[Member], list[Member]]:
+        """ALIVE members silent for longer than ``suspect_after`` become suspect. Answers (those that became
+        suspect, the suspect ones heard from again since the previous call and still alive). Call it after
+        ``expire``, which moves the silences of a stalled caller past the stall."""
+        recovered = [m for m in self._recovered if m.status is MemberStatus.ALIVE and not m.suspect]
+        self._recovered = []
+        suspected = [m for m in self.alive() if not m.suspect and now - m.last_seen > self.suspect_after]
+        for m in suspected:
+            m.suspect = True
+        return suspected, recovered
 
     def checked_in_since(self, started: float) -> bool:
         """Every live member has been heard from since ``started`` (a restarted coordinator waits for it)."""

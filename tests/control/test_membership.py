@@ -77,3 +77,30 @@ def test_the_members_survive_a_restart_with_a_fresh_timeout():
     again.heartbeat("node-2", 501.0)
     assert again.checked_in_since(500.0)
     assert again.register(None, A, 502.0) == ("node-3", True)
+
+
+def test_a_silent_member_is_suspect_before_it_is_dead():
+    """Suspect after a third of the timeout (at least two of the node's heartbeat intervals), dead after all of it;
+    shown, never acted on: its status stays ALIVE until expire()."""
+    ms = Membership(heartbeat_timeout=3.0)
+    ms.register(None, A, 0.0)
+    ms.register(None, B, 0.0)
+    assert ms.suspect_after == 1.0
+    assert ms.suspects(0.9) == ([], [])
+    ms.heartbeat("node-2", 0.9)
+    suspected, recovered = ms.suspects(1.1)
+    assert [m.node_id for m in suspected] == ["node-1"] and recovered == []
+    m1 = ms["node-1"]
+    assert m1.status is MemberStatus.ALIVE and m1.shown == "suspect" and ms["node-2"].shown == "alive"
+    assert [m.node_id for m in ms.alive()] == ["node-1", "node-2"]  # still a target, still serving
+    assert ms.suspects(1.5) == ([], [])  # told once
+    ms.heartbeat("node-1", 1.6)  # heard again
+    assert m1.shown == "alive" and ms.suspects(1.7) == ([], [m1])
+    assert ms.suspects(1.8) == ([], [])
+    ms.heartbeat("node-2", 2.5)
+    assert [m.node_id for m in ms.suspects(2.7)[0]] == ["node-1"]  # silent again
+    assert ms.expire(4.5) == [] and [m.node_id for m in ms.expire(4.7)] == ["node-1"]
+    assert m1.shown == "dead" and not m1.suspect
+    assert ms.suspects(4.7) == ([ms["node-2"]], [])  # node-2 silent 2.2 s; the dead one is neither
+    ms.heartbeat("node-1", 9.0)  # back from the dead: alive, never "recovered" from a suspicion
+    assert m1.shown == "alive" and ms.suspects(9.0)[1] == []
