@@ -38,6 +38,8 @@ from ...retry import Retry
 from ...rpc.async_client import AsyncChannel
 from ...rpc.server import Connection, Server
 from ...store import StateSpec, Store
+from ...store.partition import REPLICATION
+from ...store.requests import REQUESTS
 from .. import datadir, protocol as p
 from .ownership import Gate
 from ..identity import advertised_address
@@ -195,7 +197,8 @@ class Node:
         write_json(self._identity_path, {"node_id": self.node_id})
         # the cluster's partition count and key and value limits are the coordinator's
         store_config = self.config.store.model_copy(update={"partitions": reply["partitions"], **reply["limits"]})
-        self.store = Store(os.path.join(self.data_dir, "store"), store_config, owned=[])
+        # the internal states every partition of a node uses, created as a partition opens (not by its first write, on the loop)
+        self.store = Store(os.path.join(self.data_dir, "store"), store_config, owned=[], reserved=(REQUESTS, REPLICATION))
         for spec in reply["states"]:
             self.store.define_state(StateSpec.from_dict(spec))
         if reply.get("checkpoints"):
@@ -291,7 +294,9 @@ class Node:
                 self._retiring[pid] = asyncio.ensure_future(asyncio.to_thread(self._retire, pid))
             for pid in change.opened:
                 await self._settled(pid)
-                self._store_of().open_partition(pid)
+            # RocksDB opens wait on file syncs (~40 ms each): in threads, several at once, off the loop (heartbeats go on;
+            # 341 partitions opened on the loop blocked it 6 s, the lease is 1.5 s)
+            await asyncio.to_thread(self._store_of().open_partitions, change.opened)
             self.replication.apply_table(table, change.opened)  # before they serve: every write to them is shipped
             for pid in change.opened:
                 self.gate.ownership.opened(pid)

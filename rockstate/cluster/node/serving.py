@@ -9,6 +9,8 @@ so nothing answered, written or read, is lost with the primary.
 
 from __future__ import annotations
 
+import asyncio
+
 from typing import Awaitable, Callable, Iterable, Protocol, TypeVar
 
 from ...errors import ProtocolError
@@ -142,7 +144,8 @@ class DataHandlers:
         return sum(store.partition(pid).count(msg.state)[0] for pid in self.gate.ownership.owned())
 
     async def define_state(self, msg: p.NodeDefineState, conn: object) -> dict:
-        return self._store().define_state(StateSpec.from_dict(msg.spec)).to_dict()
+        # a column family in every partition, a MANIFEST sync each: off the loop (683 partitions at P=1024 on 3 nodes)
+        return (await asyncio.to_thread(self._store().define_state, StateSpec.from_dict(msg.spec))).to_dict()
 
 
 def _groups(msg: Grouped) -> list:
