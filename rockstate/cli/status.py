@@ -99,7 +99,7 @@ def render_partitions(out: Output, status: dict) -> None:
     moving = {m["partition"]: m for m in status.get("moves") or []}
     replicas = {r["partition"]: r for r in status.get("replicas") or []}
     short = set(short_partitions(status))
-    live = {n["node_id"] for n in status.get("nodes", []) if n["status"] in ("alive", "leaving")}
+    live = {n["node_id"] for n in status.get("nodes", []) if n["status"] in ("alive", "suspect", "leaving")}
     rows = []
     for pid, owner in enumerate(status.get("owners") or []):
         r = replicas.get(pid)

@@ -32,8 +32,10 @@ States of one member::
   declared dead meanwhile is neither: it is dead). SUSPECT is shown, never
   acted on: the member's ``status`` stays ALIVE (``Member.shown`` is
   ``"suspect"``), so placement, replicas and leases treat it as alive until
-  ``expire`` declares it dead. Silences are counted as ``expire`` left
-  them: a stall of the caller itself is not the members' silence.
+  ``expire`` declares it dead. A stall of the caller itself is not the
+  members' silence: when it did not run for more than half of
+  ``suspect_after`` since its previous call, nobody becomes suspect in this
+  one (their heartbeats may wait unread in its sockets).
 - ``leave`` / ``left``: a graceful leave; a LEAVING member still gets the
   table (its partitions move off it) but is not a target. ``leave_failed``:
   its partitions could not all move off it; it exits all the same, so it is
@@ -83,6 +85,7 @@ class Membership:
         self.next_id = next_id
         self._expired_at: float | None = None  # the previous expire()
         self._recovered: list[Member] = []  # suspect members heard from since the previous suspects()
+        self._suspected_at: float | None = None  # the previous suspects()
 
     @property
     def suspect_after(self) -> float:
@@ -159,10 +162,13 @@ class Membership:
 
     def suspects(self, now: float) -> tuple[list[Member], list[Member]]:
         """ALIVE members silent for longer than ``suspect_after`` become suspect. Answers (those that became
-        suspect, the suspect ones heard from again since the previous call and still alive). Call it after
-        ``expire``, which moves the silences of a stalled caller past the stall."""
+        suspect, the suspect ones heard from again since the previous call and still alive)."""
         recovered = [m for m in self._recovered if m.status is MemberStatus.ALIVE and not m.suspect]
         self._recovered = []
+        stalled = 0.0 if self._suspected_at is None else now - self._suspected_at
+        self._suspected_at = now
+        if stalled > self.suspect_after / 2:
+            return [], recovered
         suspected = [m for m in self.alive() if not m.suspect and now - m.last_seen > self.suspect_after]
         for m in suspected:
             m.suspect = True

@@ -34,6 +34,7 @@ class ClusterAnswers:
         partition has none; ``broadcast(msg)``: to every live member; ``save()``: the record kept;
         ``coordinators()``: the leader and the standbys."""
         self.config, self.state, self.replicas, self.peers, self.metrics = config, state, replicas, peers, metrics
+        metrics.read_replicas(replicas)  # the status's replica figures are the metrics' too (one source)
         self._checkpoints, self._owned, self._broadcast = checkpoints, owned, broadcast
         self._save, self._coordinators = save, coordinators
         self.define_lock = asyncio.Lock()  # states are defined one at a time

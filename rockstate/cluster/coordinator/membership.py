@@ -1,4 +1,5 @@
-"""The coordinator's side of ``control/membership.py``: a node's registration, heartbeats and graceful leave.
+"""The coordinator's side of ``control/membership.py``: a node's registration, heartbeats and graceful leave; the
+watch for suspect members (silent for a third of ``heartbeat_timeout``: events ``member_suspect``, ``member_recovered``).
 
 ``MemberHandlers`` serves them; who is alive is ``control/membership.py``'s
 ``Membership`` (in ``ClusterState``); what a join, a return or a leave moves
@@ -24,6 +25,7 @@ from ..replication.in_sync import ReplicaControl
 
 log = logging.getLogger(__name__)
 
+WATCH_EVERY = 0.25  # seconds between looks for suspect members (at most a twelfth of heartbeat_timeout)
 WELCOME_RETRY = Retry(deadline=10.0, initial=0.2, maximum=2.0)
 # a graceful leave's rounds of moves, until the leaving node holds no primary: a round that failed (a handover that
 # timed out on a loaded machine) or left it a partition (a backup of a dead primary promoted to it) is planned again
@@ -39,12 +41,16 @@ class MemberHandlers:
         self.config, self.state, self.replicas, self.peers, self.lock = config, state, replicas, peers, lock
         self._rebalance, self._declare_dead = rebalance, declare_dead
         self._save, self._event, self._spawn = save, event, spawn
+        self._watch_every = min(WATCH_EVERY, config.heartbeat_timeout / 12)
+        self._watched_at = float("-inf")  # the watch's last look (watch_suspects)
+        self._watch_generation = 0  # the running watch's; an older one stops
 
     async def register(self, msg: p.Register, conn: Connection) -> dict:
         state = self.state
         if msg.node_id in state.membership.members:
             await refuse_takeover(state.membership.members[msg.node_id], msg.address, self.peers.security)
         node_id, joined = state.membership.register(msg.node_id, msg.address, time.monotonic())
+        self._watching(time.monotonic())
         if msg.zone:
             self.replicas.zones[node_id] = msg.zone
         self._event("member_joined" if joined else "member_returned", node=node_id, address=msg.address)
@@ -64,7 +70,31 @@ class MemberHandlers:
             "checkpoints": checkpoints.model_dump() if checkpoints else None,
         }
 
+    def _watching(self, now: float) -> None:
+        """The watch for suspects runs while this coordinator leads: the first registration or heartbeat it serves
+        (only a leader serves them) starts it; one that stopped with the leader's tasks is started again."""
+        if now - self._watched_at > max(1.0, 4 * self._watch_every):
+            self._watched_at = now
+            self._watch_generation += 1
+            self._spawn(self._watch(self._watch_generation))
+
+    async def _watch(self, generation: int) -> None:
+        while generation == self._watch_generation:
+            await asyncio.sleep(self._watch_every)
+            self._watched_at = now = time.monotonic()
+            self.watch_suspects(now)
+
+    def watch_suspects(self, now: float) -> None:
+        """Members silent for a third of the timeout are suspect (event ``member_suspect``), shown in the status and
+        counted in the metrics until they are heard again (``member_recovered``) or declared dead."""
+        suspected, recovered = self.state.membership.suspects(now)
+        for m in suspected:
+            self._event("member_suspect", node=m.node_id, address=m.address, silent=round(now - m.last_seen, 2))
+        for m in recovered:
+            self._event("member_recovered", node=m.node_id, address=m.address)
+
     async def heartbeat(self, msg: p.Heartbeat, conn: Connection) -> int:
+        self._watching(time.monotonic())
         if self.state.membership.heartbeat(msg.node_id, time.monotonic()):
             # it was cut off, not gone: partitions restored elsewhere meanwhile stay there
             member = self.state.membership[msg.node_id]

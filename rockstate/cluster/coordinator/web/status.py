@@ -26,7 +26,8 @@ LIVE = (MemberStatus.ALIVE, MemberStatus.LEAVING)  # statuses whose partitions a
 
 
 def table_status(table: Table, members: Iterable[Member], now: float) -> dict:
-    """The table's epoch, and each member with its status, partitions and last heartbeat."""
+    """The table's epoch, and each member with its status ("suspect": alive but silent, ``Member.shown``),
+    partitions and last heartbeat."""
     counts: dict[str | None, int] = {}
     for owner in table.owners:
         counts[owner] = counts.get(owner, 0) + 1
@@ -39,7 +40,7 @@ def table_status(table: Table, members: Iterable[Member], now: float) -> dict:
         "unavailable": sum(o not in live for o in table.owners),  # no live owner: unassigned, or on a dead node
         "owners": list(table.owners),
         "nodes": [
-            {"node_id": m.node_id, "address": m.address, "status": str(m.status), "zone": getattr(m, "zone", None),
+            {"node_id": m.node_id, "address": m.address, "status": m.shown, "zone": getattr(m, "zone", None),
              "partitions": counts.get(m.node_id, 0), "last_seen": round(now - m.last_seen, 2)}
             for m in members
         ],

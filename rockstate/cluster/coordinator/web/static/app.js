@@ -30,7 +30,9 @@ function rows(id, list, cells) {
 
 function summary(s) {
   const alive = s.nodes.filter((n) => n.status === "alive").length;
+  const suspect = s.nodes.filter((n) => n.status === "suspect").length;
   const parts = [`${s.partitions} partitions`, `table epoch ${s.epoch}`, `${alive} of ${s.nodes.length} nodes alive`];
+  if (suspect) parts.push(`${suspect} suspect (silent)`);
   const out = document.getElementById("summary");
   out.replaceChildren(parts.join(" · "));
   if (s.unavailable) out.append(" · ", el("span", { class: "warn", id: "unavailable" }, `${s.unavailable} partitions without a live owner`));
@@ -53,7 +55,7 @@ function nodes(s) {
 
 function partitionMap(s) {
   const ids = s.nodes.map((n) => n.node_id);
-  const live = new Set(s.nodes.filter((n) => n.status === "alive" || n.status === "leaving").map((n) => n.node_id));
+  const live = new Set(s.nodes.filter((n) => ["alive", "suspect", "leaving"].includes(n.status)).map((n) => n.node_id));
   const moving = new Map(s.moves.map((m) => [m.partition, m]));
   document.getElementById("legend").replaceChildren(...s.nodes.filter((n) => n.partitions).map((n) =>
     el("span", {}, el("i", { style: `background:${color(ids, n.node_id)}` }), `${n.node_id} (${n.partitions})`)));
