@@ -71,6 +71,9 @@ class Member:
     status: MemberStatus = MemberStatus.ALIVE
     last_seen: float = 0.0  # monotonic
     suspect: bool = False  # ALIVE and silent for longer than suspect_after (Membership.suspects)
+    # the checkpoint storage URL its registration answered ("": none; None: not known, a record older than this field).
+    # A node learns the storage only when it registers: one registered before the storage was set cannot checkpoint
+    checkpoint_url: str | None = None
 
     @property
     def shown(self) -> str:
@@ -93,11 +96,14 @@ class Membership:
 
     @classmethod
     def from_wire(cls, heartbeat_timeout: float, saved: dict, now: float) -> "Membership":
-        members = {nid: Member(nid, m["address"], MemberStatus(m["status"]), now) for nid, m in saved.get("members", {}).items()}
+        members = {nid: Member(nid, m["address"], MemberStatus(m["status"]), now, checkpoint_url=m.get("checkpoint_url"))
+                   for nid, m in saved.get("members", {}).items()}
         return cls(heartbeat_timeout, members, saved.get("next_id", 1))
 
     def to_wire(self) -> dict:
-        return {"members": {m.node_id: {"address": m.address, "status": str(m.status)} for m in self.members.values()},
+        return {"members": {m.node_id: {"address": m.address, "status": str(m.status),
+                                        **({} if m.checkpoint_url is None else {"checkpoint_url": m.checkpoint_url})}
+                            for m in self.members.values()},
                 "next_id": self.next_id}
 
     def __getitem__(self, node_id: str) -> Member:

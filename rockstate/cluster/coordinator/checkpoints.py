@@ -22,11 +22,12 @@ from ...checkpoint.participants import Holding
 from ...checkpoint.restore import PartitionRestore
 from ...checkpoint.storage import CheckpointStorage
 from ...config import CheckpointConfig
-from ...errors import CheckpointStorageError
+from ...errors import CheckpointsNotConfiguredError, CheckpointStorageError
 from ...retry import Retry
 from ...rpc.async_client import AsyncChannel
 from ...store import StateSpec
 from .. import protocol as p
+from .peers import Peer
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ class ClusterCheckpoints:
         ``specs()``: the catalog; ``define(spec)``: a state joins it; ``event(name, **data)``: record what happened."""
         self.config = config
         self.storage = CheckpointStorage.of(config, keys)  # keys: _metadata is signed and checked (docs/security.md)
-        self._channel, self._define = channel, define
+        self._channel, self._define, self._owners = channel, define, owners
         self.driver = CheckpointDriver(self.storage, partitions, policy_of(config), lambda: self.holders(owners()),
                                        lock=lock, sweep=config.sweep, specs=specs, adopt_states=self._adopt_states, event=event)
 
@@ -96,7 +97,22 @@ class ClusterCheckpoints:
     async def periodic(self) -> None:
         await self.driver.periodic()
 
+    def unaware(self, members: list[Peer]) -> list[str]:
+        """Members registered while the cluster had another checkpoint storage or none (a node learns it only when
+        it registers): a checkpoint they hold partitions of would abort. A member not known either way is tried."""
+        return sorted(m.node_id for m in members if m.checkpoint_url not in (None, self.config.url))
+
+    def refuse_unaware(self) -> None:
+        """Refuse a checkpoint before it begins (so no ABORTED entry is left) when a holder does not know the storage,
+        naming the nodes to restart."""
+        unaware = self.unaware([m for m, _ in self._owners()])
+        if unaware:
+            raise CheckpointsNotConfiguredError(
+                f"node(s) {', '.join(unaware)} registered before the coordinator had the checkpoint storage "
+                f"{self.storage.url} and do not know it: restart them (rockstate node with the same --data-dir) to take checkpoints")
+
     async def checkpoint(self, manual: bool = True) -> dict:
+        self.refuse_unaware()
         return (await self.driver.checkpoint(manual)).to_dict()
 
     async def inspect(self, checkpoint_id: int) -> dict:
@@ -110,6 +126,8 @@ class ClusterCheckpoints:
         return await self.driver.restore_partitions(checkpoint_id, self.holders(by_member))
 
     async def savepoint(self, name: str, checkpoint_id: int | None = None) -> dict:
+        if checkpoint_id is None:  # it takes a checkpoint first
+            self.refuse_unaware()
         return (await self.driver.savepoint(name, checkpoint_id)).to_dict()
 
     async def savepoints(self) -> list[dict]:

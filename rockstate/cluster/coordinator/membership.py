@@ -51,6 +51,8 @@ class MemberHandlers:
             await refuse_takeover(state.membership.members[msg.node_id], msg.address, self.peers.security)
         node_id, joined = state.membership.register(msg.node_id, msg.address, time.monotonic())
         self._watching(time.monotonic())
+        checkpoints = checkpoint_config(self.config)
+        state.membership[node_id].checkpoint_url = checkpoints.url or "" if checkpoints else ""  # what it learns below
         if msg.zone:
             self.replicas.zones[node_id] = msg.zone
         self._event("member_joined" if joined else "member_returned", node=node_id, address=msg.address)
@@ -59,7 +61,6 @@ class MemberHandlers:
         await self._save()
         self._spawn(self.replicas.returned(node_id))  # restarted before its partitions got a new primary: they are its again
         self._spawn(self._rebalance())
-        checkpoints = checkpoint_config(self.config)
         return {
             "node_id": node_id,
             "partitions": state.table.partitions,

@@ -23,6 +23,7 @@ class Peer:
     node_id: str
     address: str
     channel: AsyncChannel | None = None
+    checkpoint_url: str | None = None  # the member's (Member.checkpoint_url): the storage its registration named
 
     def rpc(self, security: Security) -> AsyncChannel:
         if self.channel is None or self.channel.address != self.address:
@@ -40,7 +41,7 @@ class Peers:
 
     def __getitem__(self, member: Member) -> Peer:
         peer = self._peers.setdefault(member.node_id, Peer(member.node_id, member.address))
-        peer.address = member.address
+        peer.address, peer.checkpoint_url = member.address, member.checkpoint_url
         return peer
 
     def of(self, node_id: str) -> Peer:
