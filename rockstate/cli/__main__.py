@@ -2,4 +2,5 @@
 
 from . import main
 
-main()
+if __name__ == "__main__":  # importing the module (tests import every module) runs nothing
+    main()
