@@ -243,6 +243,18 @@ class IngestUploadError(ClusterError):
     retryable = True
 
 
+class CoordinatorUnreachableError(ClusterError):
+    """A node gave up reaching its coordinator (``rockstate node --coordinator-wait``)."""
+
+    code = "COORDINATOR_UNREACHABLE"
+
+
+class UnsupportedSparkError(RockstateError, ImportError):
+    """The installed PySpark is outside the range rockstate's Spark operator supports (``spark/version.py``)."""
+
+    code = "UNSUPPORTED_SPARK"
+
+
 class ZooKeeperError(ClusterError):
     """ZooKeeper, the control plane's store, failed an operation."""
 

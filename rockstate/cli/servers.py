@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from ..config import CoordinatorConfig, NodeConfig, load, settings
-from ..errors import ClusterError, ConfigError, RockstateError
+from ..errors import ConfigError, CoordinatorUnreachableError, RockstateError
 from ..retry import Retry, is_retryable
 from .common import human, parse_size
 
@@ -80,10 +80,6 @@ def cmd_node(args: argparse.Namespace) -> None:
         await run_node(config)
 
     serve(main())
-
-
-class CoordinatorUnreachableError(ClusterError):
-    """A node gave up reaching its coordinator (``--coordinator-wait``)."""
 
 
 async def reach_coordinator(config: NodeConfig, wait: float) -> None:

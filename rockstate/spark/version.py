@@ -11,16 +11,10 @@ from __future__ import annotations
 
 import re
 
-from ..errors import RockstateError
+from ..errors import UnsupportedSparkError
 
 SUPPORTED = ((3, 5), (4, 3))  # the first and last supported minor versions, both included
 SUPPORTED_RANGE = "PySpark 3.5 through 4.3 (>=3.5,<4.4)"
-
-
-class UnsupportedSparkError(RockstateError, ImportError):
-    """The installed PySpark is outside the range rockstate's Spark operator supports (``SUPPORTED_RANGE``)."""
-
-    code = "UNSUPPORTED_SPARK"
 
 
 def parse(version: str) -> tuple[int, int]:
