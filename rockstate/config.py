@@ -145,9 +145,10 @@ def validate(model: type[M], values: dict[str, Any]) -> M:
 class SecurityConfig(Settings):
     """The cluster's shared secret and TLS files (a coordinator's, a node's)."""
 
-    secret_file: str | None = Field(None, description="file holding the cluster's secret, one per line (or set ROCKSTATE_SECRET): the node credential, and every role's when client_secret_file and admin_secret_file are not set; the first line is presented, every line accepted (two during a rotation)")
+    secret_file: str | None = Field(None, description="file holding the cluster's secret, one per line (or set ROCKSTATE_SECRET): the node credential, and every role's when client_secret_file and admin_secret_file are not set; the first line is presented, every line accepted (two during a rotation); see docs/security.md")
     client_secret_file: str | None = Field(None, description="file holding the clients' secrets, one per line (data, states, checkpoints; not node-to-node nor admin operations); None: the node secret is the clients' too")
     admin_secret_file: str | None = Field(None, description="file holding the administrators' secrets, one per line (restore, making a node leave); None: the node secret is the administrators' too")
+    http_secret_file: str | None = Field(None, description="file holding the read-only HTTP credential(s), one per line, every line accepted (two during a rotation): the password of the status page, its JSON API and every /metrics (basic auth, any user name, or a bearer token); never an RPC secret. None: without a cluster secret HTTP is open, with one HTTP refuses every request (403) until this is set")
     tls_cert_file: str | None = Field(None, description="PEM certificate this process presents (enables TLS)")
     tls_key_file: str | None = Field(None, description="PEM private key of tls_cert_file")
     tls_ca_file: str | None = Field(None, description="PEM CA bundle that peers' certificates must chain to")

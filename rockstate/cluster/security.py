@@ -11,10 +11,20 @@ second line everywhere, then making it the first, then removing the old. TLS is 
 when a certificate is configured; clients check the server's certificate
 against the CA file, and a client certificate, when sent, must chain to it
 too. Clients need no certificate: they prove themselves with the secret.
+
+HTTP (the coordinator's status page, its JSON API and /metrics; a node's
+/metrics) takes a credential of its own, ``http_secret_file``: read-only,
+sent as a password (basic auth, any user name, or a bearer token), so it does
+cross the wire (inside TLS when a certificate is configured: HTTP serves TLS
+with the RPC ports' certificate). The RPC secrets are never accepted on HTTP,
+and may not be an HTTP credential too. A cluster with a secret and no HTTP
+credential refuses every HTTP request (``http_refusal``).
 """
 
 from __future__ import annotations
 
+import base64
+import hmac
 import os
 import ssl
 from dataclasses import dataclass
@@ -54,6 +64,22 @@ class Security:
     secret: bytes | None = None
     server_ssl: ssl.SSLContext | None = None
     client_ssl: ssl.SSLContext | None = None
+    http_secrets: tuple[bytes, ...] = ()  # the read-only HTTP credentials (http_secret_file), every one accepted
+
+    def http_refusal(self, authorization: str) -> tuple[int, str, dict[str, str]] | None:
+        """None when an HTTP request with this ``Authorization`` header may be answered, else the refusal's
+        status, text and headers: 401 without the HTTP credential, 403 when the cluster has a secret and no HTTP
+        credential (HTTP is closed: the RPC secrets are never accepted here)."""
+        if self.http_secrets:
+            if _carries(authorization, self.http_secrets):
+                return None
+            return (401, "give the HTTP credential (http_secret_file) as the password, any user name, or as a bearer "
+                         "token; the cluster's RPC secrets are not accepted over HTTP\n",
+                    {"WWW-Authenticate": 'Basic realm="rockstate"'})
+        if self.secret:
+            return (403, "HTTP is closed: this cluster has a secret but no HTTP credential; set security.http_secret_file "
+                         "(--http-secret-file) on this process (the RPC secrets are never accepted over HTTP; see docs/security.md)\n", {})
+        return None  # a cluster without secrets: open, as its RPC ports are
 
     @property
     def checkpoint_keys(self) -> tuple[bytes, ...]:
@@ -68,7 +94,8 @@ class Security:
         return tuple(checkpoint_key(s) for s in [first] + [s for s in nodes if s != first])
 
     def __repr__(self) -> str:  # never show the secret
-        return f"Security(secret={'set' if self.secret else 'none'}, tls={self.server_ssl is not None or self.client_ssl is not None})"
+        return (f"Security(secret={'set' if self.secret else 'none'}, http_secrets={len(self.http_secrets)}, "
+                f"tls={self.server_ssl is not None or self.client_ssl is not None})")
 
     @classmethod
     def from_config(cls, config: SecurityConfig) -> "Security":
@@ -77,6 +104,10 @@ class Security:
         admin = load_secrets(config.admin_secret_file, None, "admin_secret_file")
         if (client or admin) and not node:
             raise ConfigError("client_secret_file and admin_secret_file need a node secret too (secret_file or ROCKSTATE_SECRET)")
+        http = load_secrets(config.http_secret_file, None, "http_secret_file")
+        if set(http) & set(node + client + admin):
+            raise ConfigError("http_secret_file holds a secret of secret_file, client_secret_file or admin_secret_file: the HTTP "
+                              "credential is sent as a password and must be a secret of its own (an RPC secret never crosses the wire)")
         from .zkstore import set_process_auth  # coordinators authenticate to ZooKeeper with a credential derived from it
 
         set_process_auth(node[0] if node else None)
@@ -84,7 +115,27 @@ class Security:
             Credentials.of(node, client, admin) if node else None,
             server_context(config.tls_cert_file, config.tls_key_file, config.tls_ca_file),
             client_context(config.tls_ca_file, config.tls_cert_file, config.tls_key_file),
+            tuple(http),
         )
+
+
+def _carries(header: str, secrets: tuple[bytes, ...]) -> bool:
+    """Whether an ``Authorization`` header (basic: any user name, the secret as password; or bearer) carries one of
+    ``secrets`` (each compared, no early exit)."""
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer":
+        given = value.strip().encode()
+    elif scheme.lower() == "basic":
+        try:
+            given = base64.b64decode(value.strip(), validate=True).partition(b":")[2]
+        except ValueError:
+            return False
+    else:
+        return False
+    found = False
+    for secret in secrets:
+        found |= hmac.compare_digest(given, secret)
+    return found
 
 
 def server_context(cert: str | None, key: str | None, ca: str | None) -> ssl.SSLContext | None:

@@ -13,7 +13,7 @@ from rockstate.local.cluster import wait_until
 
 webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.webdriver.chrome.service import Service  # noqa: E402
-from rockstate.testing.cluster import gen_cluster
+from rockstate.testing.cluster import gen_cluster, local_cluster
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 needs_chromium = pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="Debian's chromium and chromium-driver (scripts/setup.sh installs them)")
@@ -78,17 +78,23 @@ def test_page_shows_the_live_cluster_and_follows_a_join(cluster, browser, tmp_pa
     print(f"\nstatus page screenshot: {shot}")
 
 
-@gen_cluster(nodes=1, partitions=4, secret="s3cret")
-def test_page_and_api_are_behind_the_secret(cluster):
-    url = cluster.status_url + "api/status"
-    with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(url)
-    assert refused.value.code == 401 and "Basic" in refused.value.headers["WWW-Authenticate"]
-    wrong = urllib.request.Request(url, headers={"Authorization": "Bearer nope"})
-    with pytest.raises(urllib.error.HTTPError):
-        urllib.request.urlopen(wrong)
-    given = urllib.request.Request(url, headers={"Authorization": "Bearer s3cret"})
-    assert json.load(urllib.request.urlopen(given))["partitions"] == 4
+def test_page_and_api_are_behind_the_http_credential_not_the_secret(tmp_path):
+    (tmp_path / "http-secret").write_text("http-s3cret\n")
+    with local_cluster(nodes=1, partitions=4, root=str(tmp_path), secret="s3cret",
+                       coordinator_settings={"http_secret_file": str(tmp_path / "http-secret")}) as cluster:
+        url = cluster.status_url + "api/status"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url)
+        assert refused.value.code == 401 and "Basic" in refused.value.headers["WWW-Authenticate"]
+        refused.value.close()
+        for wrong in ("nope", "s3cret"):  # the cluster's secret is not HTTP's
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(urllib.request.Request(url, headers={"Authorization": f"Bearer {wrong}"}))
+            assert refused.value.code == 401
+            refused.value.close()
+        given = urllib.request.Request(url, headers={"Authorization": "Bearer http-s3cret"})
+        with urllib.request.urlopen(given) as answer:
+            assert json.load(answer)["partitions"] == 4
 
 
 def shown_replicas(driver) -> list:

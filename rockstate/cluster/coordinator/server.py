@@ -95,7 +95,7 @@ class Coordinator:
                                       broadcast=self.placement.broadcast, save=self._save,
                                       coordinators=self.leading.coordinators)
         self._load(self.persistence.load() if election is None else {})
-        self.web = StatusServer(self.security.secret, self.metrics.registry, leading=lambda: self.leading.leading,
+        self.web = StatusServer(self.security, self.metrics.registry, leading=lambda: self.leading.leading,
                                 status=self.answers.document, coordinators=self.leading.coordinators)
         self.server = Server(self.leading.leader_only(self.handlers()), config.host, config.port, name="coordinator",
                              ssl=self.security.server_ssl, secret=self.security.secret)

@@ -13,20 +13,23 @@ import asyncio
 import os
 import re
 import shutil
+import ssl
 import time
 from bisect import bisect_left
 from functools import wraps
 from itertools import accumulate
-from wsgiref.simple_server import WSGIServer
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Awaitable, Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector, ProcessCollector, generate_latest
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector, ProcessCollector,
+                               generate_latest)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
-from prometheus_client.exposition import start_http_server
 
 from ...store import Store
 from .. import protocol as p
+from ..security import Security
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
 
@@ -150,7 +153,7 @@ class NodeMetrics:
         self.partitions = Gauge("rockstate_node_partitions", "Partitions owned", registry=self.registry)
         self._collector, self._node_id = collector, node_id
         self.registry.register(collector)
-        self._http: WSGIServer | None = None
+        self._http: MetricsHTTPServer | None = None
 
     async def figures(self, msg: p.NodeFigures, conn: object) -> dict:
         """Memory, disk and RocksDB figures, for the coordinator's status page (the disk walk off the event loop)."""
@@ -181,9 +184,11 @@ class NodeMetrics:
 
         return timed
 
-    def serve(self, host: str, port: int) -> int:
-        """Expose /metrics over HTTP; returns the bound port."""
-        self._http, _thread = start_http_server(port, host, registry=self.registry)
+    def serve(self, host: str, port: int, security: Security | None = None) -> int:
+        """Expose /metrics over HTTP (HTTPS with ``security``'s certificate), behind its HTTP credential
+        (``Security.http_refusal``); returns the bound port."""
+        self._http = MetricsHTTPServer((host, port), self.registry, security or Security())
+        threading.Thread(target=self._http.serve_forever, name="metrics-http", daemon=True).start()
         return self._http.server_port
 
     def text(self) -> str:
@@ -192,4 +197,53 @@ class NodeMetrics:
     def close(self) -> None:
         if self._http is not None:
             self._http.shutdown()
+            self._http.server_close()
             self._http = None
+
+
+class MetricsHTTPServer(ThreadingHTTPServer):
+    """A node's /metrics port: GET /metrics (or /) with the HTTP credential, in a thread per request; TLS when the
+    node has a certificate (the handshake in the request's thread, so a slow client holds up no other)."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], registry: CollectorRegistry, security: Security) -> None:
+        self.registry, self.security = registry, security
+        super().__init__(address, _MetricsHandler)
+        if security.server_ssl is not None:
+            self.socket = security.server_ssl.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # a client that went away, a failed TLS handshake: nothing to print on the node's stderr
+
+
+class _MetricsHandler(BaseHTTPRequestHandler):
+    server: MetricsHTTPServer
+    timeout = 10  # seconds a client may take to send its request (and to finish a TLS handshake)
+
+    def setup(self) -> None:
+        super().setup()  # the timeout
+        if isinstance(self.connection, ssl.SSLSocket):
+            self.connection.do_handshake()
+
+    def do_GET(self) -> None:  # noqa: N802 -- http.server's name
+        refusal = self.server.security.http_refusal(self.headers.get("Authorization", ""))
+        if refusal is not None:
+            status, text, headers = refusal
+            self._answer(status, text.encode(), "text/plain; charset=utf-8", headers)
+        elif self.path.split("?", 1)[0] in ("/metrics", "/"):
+            self._answer(200, generate_latest(self.server.registry), CONTENT_TYPE_LATEST)
+        else:
+            self._answer(404, b"not found: GET /metrics\n", "text/plain; charset=utf-8")
+
+    def _answer(self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 -- no access log on stderr
+        pass

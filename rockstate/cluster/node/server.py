@@ -206,7 +206,7 @@ class Node:
         await self._apply(Table.from_wire(reply["table"]))
         self._drop_stale_partitions()
         if self.config.metrics_port is not None:
-            self.metrics.serve(self.config.host, self.config.metrics_port)
+            self.metrics.serve(self.config.host, self.config.metrics_port, self.security)
         self._heartbeat = asyncio.create_task(self._heartbeat_loop())
         write_json(os.path.join(self.data_dir, "address.json"), {"address": self.address, "node_id": self.node_id, "pid": os.getpid()})
         log.info("node %s joined: serving %d partitions on %s (table epoch %d)", self.node_id, len(self.owned), self.address, self.table.epoch)

@@ -9,15 +9,15 @@
                         503 ``{"verdict": "unavailable", ...}``; a standby coordinator answers 503 with the leader
     GET /livez          "ok" while the coordinator serves (a liveness probe: not the cluster's health)
 
-When the cluster has a secret, every request must carry it: HTTP basic auth
-with any user name and the secret as password (a browser asks for it), or
-``Authorization: Bearer <secret>``.
+Every request must carry the HTTP credential (``http_secret_file``, read-only; any of its lines) when one is
+configured: HTTP basic auth with any user name and the credential as password (a browser asks for it), or
+``Authorization: Bearer <credential>``. The cluster's RPC secrets are never accepted here; a cluster with a secret
+and no HTTP credential answers every request 403 (``Security.http_refusal``). With a TLS certificate configured the
+server speaks HTTPS, with the RPC ports' certificate.
 """
 
 from __future__ import annotations
 
-import base64
-import hmac
 import logging
 import os
 from typing import Awaitable, Callable
@@ -26,6 +26,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from ...health import HTTP, summarize
+from ...security import Security
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +34,12 @@ STATIC = os.path.join(os.path.dirname(__file__), "static")
 
 
 class StatusServer:
-    def __init__(self, secret: bytes | None, registry: CollectorRegistry, *, leading: Callable[[], bool],
+    def __init__(self, security: Security, registry: CollectorRegistry, *, leading: Callable[[], bool],
                  status: Callable[[], Awaitable[dict]], coordinators: Callable[[], Awaitable[dict]]) -> None:
-        """``registry``: the coordinator's metrics; ``leading()``: whether it leads; ``status()``: the cluster's
-        status document; ``coordinators()``: the leader and the standbys."""
-        self.secret, self.registry = secret, registry
+        """``security``: the HTTP credentials and the TLS context; ``registry``: the coordinator's metrics;
+        ``leading()``: whether it leads; ``status()``: the cluster's status document; ``coordinators()``: the leader
+        and the standbys."""
+        self.security, self.registry = security, registry
         self._leading, self._status, self._coordinators = leading, status, coordinators
         self.url: str | None = None
         self._runner: web.AppRunner | None = None
@@ -55,9 +57,10 @@ class StatusServer:
     async def start(self, host: str, port: int) -> str:
         self._runner = web.AppRunner(self._app(), access_log=None)
         await self._runner.setup()
-        await web.TCPSite(self._runner, host, port).start()
+        tls = self.security.server_ssl
+        await web.TCPSite(self._runner, host, port, ssl_context=tls).start()
         bound = self._runner.addresses[0][1]
-        self.url = f"http://{host}:{bound}/"
+        self.url = f"{'https' if tls else 'http'}://{host}:{bound}/"
         log.info("status page on %s", self.url)
         return self.url
 
@@ -69,10 +72,10 @@ class StatusServer:
     @web.middleware
     async def _authorize(self, request: web.Request,
                          handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
-        secret = self.secret
-        if secret is not None and not _carries(request.headers.get("Authorization", ""), secret):
-            return web.Response(status=401, text="this cluster has a secret: give it as the password (any user name)\n",
-                                headers={"WWW-Authenticate": 'Basic realm="rockstate"'})
+        refusal = self.security.http_refusal(request.headers.get("Authorization", ""))
+        if refusal is not None:
+            status, text, headers = refusal
+            return web.Response(status=status, text=text, headers=headers)
         return await handler(request)
 
     async def page(self, request: web.Request) -> web.FileResponse:
@@ -103,16 +106,3 @@ class StatusServer:
     async def livez(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
-
-def _carries(header: str, secret: bytes) -> bool:
-    scheme, _, value = header.partition(" ")
-    if scheme.lower() == "bearer":
-        given = value.strip().encode()
-    elif scheme.lower() == "basic":
-        try:
-            given = base64.b64decode(value.strip(), validate=True).partition(b":")[2]
-        except ValueError:
-            return False
-    else:
-        return False
-    return hmac.compare_digest(given, secret)
