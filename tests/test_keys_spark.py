@@ -131,8 +131,17 @@ GROUPS = [("bigint",), ("double",), ("boolean",), ("string",), ("binary",),
           ("uuid", "timestamp", "decimal18"), ("string", "date")]  # fmt: skip
 
 
+def to_arrow(df):
+    """DataFrame.toArrow (Spark 4.0+); on 3.5 the batches it is made of."""
+    if hasattr(df, "toArrow"):
+        return df.toArrow()
+    return pa.Table.from_batches(df._collect_as_arrow())
+
+
 @pytest.mark.parametrize("kinds", GROUPS, ids=["-".join(g) for g in GROUPS])
 def test_partitioner_matches_spark(spark, kinds):
+    if "interval" in kinds and not hasattr(spark.range(1), "toArrow"):
+        pytest.skip("Spark 3.5's Arrow export of day-time intervals fails in the JVM (IndexOutOfBoundsException)")
     columns = [column(k) for k in kinds]
     if len(kinds) > 1:  # make sure some rows are null in every column at once
         for col in columns:
@@ -141,7 +150,7 @@ def test_partitioner_matches_spark(spark, kinds):
     df, hashes, parts = spark_partitions(spark, kinds, columns)
 
     assert [spark_hash(k) for k in keys] == hashes
-    arrow = df.drop("id").toArrow()  # the Arrow batches a mapInArrow task would see
+    arrow = to_arrow(df.drop("id"))  # the Arrow batches a mapInArrow task would see
     for p in PARTITIONS:
         assert [partition_of(k, p) for k in keys] == parts[p]
         assert partitions_of(columns, p).tolist() == parts[p]

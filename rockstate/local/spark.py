@@ -29,6 +29,13 @@ import pyspark
 SPARK_HOME = os.path.dirname(pyspark.__file__)
 
 
+def connect_server_bundled() -> bool:
+    """Whether the installed pyspark can start a Spark Connect server: its jar is bundled from Spark 4.0 on (3.5's
+    pip package has the client only; the server needs --packages org.apache.spark:spark-connect_2.12)."""
+    jars = os.path.join(SPARK_HOME, "jars")
+    return os.path.isdir(jars) and any(name.startswith("spark-connect_") for name in os.listdir(jars))
+
+
 def _free_port() -> int:
     with closing(socket.socket()) as s:
         s.bind(("127.0.0.1", 0))
