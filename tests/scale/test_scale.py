@@ -27,9 +27,9 @@ class PatientCluster(LocalCluster):
 
 
 @pytest.mark.skipif(not os.environ.get("ROCKSTATE_SCALE_TESTS"), reason=(
-    "issue 33, not yet passing: at P=271 the coordinator publishes the whole table and saves its whole record per "
-    "replica report, on its event loop; under load that stalls it for minutes during a join (heartbeats unanswered, "
-    "leases lost, clients time out). Run with ROCKSTATE_SCALE_TESTS=1"))
+    "issue 33: passes since replica reports are published coalesced, but takes 2.5-3 min on the shared 2-core "
+    "machine (a backup copy per partition at start-up and per move): kept out of make test until it runs in about "
+    "two. Run with ROCKSTATE_SCALE_TESTS=1"))
 @pytest.mark.timeout(1500)
 def test_p271_four_nodes_join_kill_leave_under_writes(tmp_path):
     history = History()

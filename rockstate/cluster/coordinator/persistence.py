@@ -26,12 +26,13 @@ read or last wrote, fenced by its leadership: a deposed leader's save raises
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 from typing import Callable, cast
 
 from ...errors import NotLeaderError, StaleVersionError
-from ...files import read_json, write_json
+from ...files import read_json
 from .events import EventLog
 from ..zkstore import Leadership, ZooKeeperStore
 
@@ -41,6 +42,16 @@ DOCUMENT_OF = {"members": "membership", "next_id": "membership"}  # sections kep
 EVENTS = "events"
 EVENT_WINDOW = 200  # events kept on ZooKeeper: what a new leader can still answer "events after N" from
 UNKEPT = 100  # event numbers a new leader skips: more than a leader appends between two saves of its events
+
+
+def write_text(path: str, text: str) -> None:
+    """Replace ``path`` atomically and durably (``files.write_json``'s way, for text already encoded)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 class DataDirectory:
@@ -54,7 +65,9 @@ class DataDirectory:
         return cast(dict, read_json(self.path) or {})
 
     async def save(self, record: dict) -> None:
-        write_json(self.path, record)
+        """Kept before it returns, without giving the loop away (no table goes out unsaved meanwhile); encoded by
+        C's JSON encoder, not ``json.dump``'s pure-Python one with indents (at P=1024 9x the time)."""
+        write_text(self.path, json.dumps(record, sort_keys=True))
 
 
 class ZooKeeperDocuments:

@@ -8,7 +8,11 @@ their most advanced in-sync backup (``replication/in_sync.py``); only what has
 no replica left is restored. A join or a graceful leave moves each partition
 whose owner changes, at most ``max_concurrent_migrations`` at once (a plain
 move: ``migration.py``; with backups, a handover: ``replication/handover.py``);
-every finished move is its own epoch.
+every finished move is its own epoch. Replica changes alone (a report, a
+backup added or dropped) are published coalesced (``publish_owners``): those
+that arrive while a table is being sent go out together, in one save and one
+``ApplyTable`` per node, so a burst of replica reports costs a few
+publications, not one each.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Coroutine
 
 from ...config import CoordinatorConfig
@@ -40,6 +45,19 @@ class _NotYet(Exception):
     """A failover try that did not restore the partitions: no live node yet, or a restore failed."""
 
 
+@dataclass
+class _Sent:
+    """Where the coalesced publication stands: publications requested, and the last one saved and sent."""
+
+    requested: int = 0
+    saved: int = 0  # the requests the latest saved table holds
+    sent: int = 0  # the requests the latest table sent to the nodes holds
+    saved_table: Table | None = None
+    leaving: bool = False  # a request not sent yet wants a leaving node told
+    rebuild: bool = False  # the replica sets changed since the table was decorated: rebuilt before the next send
+    sending: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
 FAILOVER_RETRY = Retry(deadline=None, initial=0.2, maximum=5.0, retry_on=lambda e: isinstance(e, _NotYet))  # until it is done
 
 
@@ -51,6 +69,7 @@ class Placement:
         ``save()``: the record kept; ``event(name, **data)``; ``spawn(coro)``: a background task of the leader."""
         self.config, self.state, self.replicas, self.peers, self.lock = config, state, replicas, peers, lock
         self._checkpoints, self._save, self._event, self._spawn = checkpoints, save, event, spawn
+        self._sent = _Sent()
         self.load(restore_on_start=False)
 
     def load(self, restore_on_start: bool) -> None:
@@ -216,15 +235,77 @@ class Placement:
     # -- a new table ---------------------------------------------------------------------------
 
     async def publish(self, table: Table, include_leaving: bool = False) -> None:
-        """A new table: kept, then sent to the nodes (a leaving one too, while its partitions move off it)."""
+        """A new table: kept, then sent to the nodes (a leaving one too, while its partitions move off it).
+
+        A table with new owners (a move, a promotion, a restore) is the coordinator's, saved and sent at once, as
+        ever: its new owner serves as soon as it can. Replica changes alone are coalesced (``publish_owners``)."""
+        sent = self._sent
+        sent.requested += 1
+        mine = sent.requested
         self.state.table, catch_ups = self.replicas.decorate(table)
+        sent.rebuild = False  # decorated with the replica sets as they are: every request so far is in it
+        table = self.state.table
         await self._save()
-        await self.broadcast(p.ApplyTable(table=self.state.table.to_wire()), include_leaving)
+        if mine > sent.saved:
+            sent.saved, sent.saved_table = mine, table
+        await self.broadcast(p.ApplyTable(table=table.to_wire()), include_leaving)  # the nodes drop an older one
+        if include_leaving:  # it covers the coalesced requests before it (they want a leaving node told)
+            sent.sent = max(sent.sent, mine)
         await self.replicas.carry_out(catch_ups)
 
     async def publish_owners(self, owners: list[str | None]) -> None:
-        """The table with these primaries (the replica control's promotions and handovers), a leaving node told too."""
-        await self.publish(self.state.table.with_owners(owners, self.state.membership.addresses()), include_leaving=True)
+        """The table with these primaries (the replica control's promotions and handovers), a leaving node told too.
+
+        When only backups or in-sync sets changed (the same primaries: a replica report, a backup added or dropped),
+        the table is rebuilt from the replica sets, saved and sent once for every such change that arrived while
+        the previous table was being sent (``_flush``): O(P) per batch, not per report. A change of primaries is
+        in the table, and saved, at once: a table built meanwhile from the owners must not undo it."""
+        if owners != list(self.state.table.owners):
+            await self.publish(self.state.table.with_owners(owners, self.state.membership.addresses()), include_leaving=True)
+            return
+        sent = self._sent
+        sent.requested += 1
+        sent.rebuild = True
+        await self._flush(sent.requested, include_leaving=True)
+
+    async def _flush(self, mine: int, include_leaving: bool) -> None:
+        """Return once request ``mine`` (a replica change to rebuild the table with) is in a table that is saved
+        and then sent to the nodes.
+
+        One send at a time; what waits for it goes out together (a group commit): the table the latest save kept,
+        never a newer one, so no node hears of an epoch before the coordinator saved it. A replica change not yet
+        in a saved table has the table rebuilt and saved here first, once for all of those waiting (until then
+        the coordinator's table does not show it: nothing unsaved is handed out). The nodes drop a table older
+        than theirs."""
+        sent = self._sent
+        sent.leaving |= include_leaving
+        async with sent.sending:
+            if sent.sent >= mine:
+                return  # a send that began after this request was saved covered it
+            if sent.saved < mine:
+                if sent.rebuild:
+                    sent.rebuild = False
+                    self._rebuild()
+                upto, table = sent.requested, self.state.table
+                await self._save()  # the record as of now: ``table`` with it
+                if upto > sent.saved:
+                    sent.saved, sent.saved_table = upto, table
+            upto, saved, leaving = sent.saved, sent.saved_table, sent.leaving
+            sent.leaving = False
+            try:
+                if saved is not None:
+                    await self.broadcast(p.ApplyTable(table=saved.to_wire()), leaving)
+            except BaseException:
+                sent.leaving |= leaving
+                raise
+            sent.sent = max(sent.sent, upto)
+
+    def _rebuild(self) -> None:
+        """The table with the replica sets as they are now (a new epoch), its primaries theirs."""
+        table = self.state.table.with_owners(self.replicas.owners(), self.state.membership.addresses())
+        self.state.table, catch_ups = self.replicas.decorate(table)
+        if catch_ups:  # none: the primaries are the sets' own (the caller checked they did not change)
+            self._spawn(self.replicas.carry_out(list(catch_ups)))
 
     async def broadcast(self, msg: Message, include_leaving: bool = False) -> list[tuple[Peer, Any]]:
         wanted = (MemberStatus.ALIVE, MemberStatus.LEAVING) if include_leaving else (MemberStatus.ALIVE,)

@@ -71,6 +71,8 @@ class Coordinator:
         self.security = Security.from_config(config.security)
         self.tasks = Tasks()
         self.table_lock = asyncio.Lock()  # held while partitions move, and by checkpoints and restores
+        self._saving = asyncio.Lock()  # one save at a time (_save)
+        self._save_requests = self._saves_done = 0
         self.state = ClusterState(Table.empty(config.partitions), self.persistence.events)  # the record: _load
         self.peers = Peers(self.security, self.state.member)
         self.checkpoints: ClusterCheckpoints | None = None  # the record's, from _load
@@ -135,7 +137,16 @@ class Coordinator:
         return self.server.address
 
     async def _save(self) -> None:
-        await self.persistence.save({**self.state.record(), **self.replicas.to_wire()})  # "replicas" and "zones"
+        """Return once the record as of this call (or a newer one) is kept. Saves run one at a time; the requests
+        made while one runs are covered together by the next (a group commit): one save per burst of changes."""
+        self._save_requests += 1
+        mine = self._save_requests
+        async with self._saving:
+            if self._saves_done >= mine:
+                return  # a save that began after this request kept it
+            upto = self._save_requests
+            await self.persistence.save({**self.state.record(), **self.replicas.to_wire()})  # "replicas" and "zones"
+            self._saves_done = max(self._saves_done, upto)
 
     def event(self, event: str, **data: Any) -> None:
         """Record a cluster event (member joined/left/dead, migration, partition restored, checkpoint...)."""
