@@ -52,6 +52,16 @@ def owners_as_the_nodes_see_them(cluster: LocalCluster) -> dict[int, list[str]]:
     return owners
 
 
+def owners_once_applied(cluster: LocalCluster) -> dict[int, list[str]]:
+    """The owners as the nodes see them once every partition has one: a node may apply the coordinator's last
+    table a moment after the coordinator reports it; at no moment may a partition have two owners."""
+    def settled() -> dict[int, list[str]] | None:
+        owners = owners_as_the_nodes_see_them(cluster)
+        assert all(len(o) == 1 for o in owners.values()), owners
+        return owners if sorted(owners) == list(range(8)) else None
+    return wait_until(settled, 10, "every partition served by one node")
+
+
 def standby_names(status_url: str) -> str | None:
     """The leader a standby's status API names (it answers 503: its own state is not the cluster's)."""
     with pytest.raises(urllib.error.HTTPError) as answer:
@@ -96,7 +106,7 @@ def test_the_leader_killed_mid_move_the_new_leader_finishes_and_no_partition_has
         killed = cluster.kill_leader()
         new_leader(cluster, killed, SESSION + 5)
         cluster.wait_balanced(30)
-        owners = owners_as_the_nodes_see_them(cluster)
+        owners = owners_once_applied(cluster)
         assert sorted(owners) == list(range(8)) and all(len(o) == 1 for o in owners.values()), owners
         assert rs.value_state("orders").get_many(list(orders)) == list(orders.values())
         assert {n["status"] for n in cluster.status()["nodes"]} == {"alive"}
@@ -118,7 +128,7 @@ def test_the_leader_killed_mid_failover_the_new_leader_restores_and_no_partition
         new_leader(cluster, killed, SESSION + 5)
         wait_until(lambda: not cluster.status()["failovers"] and cluster.status()["unavailable"] == 0, 30,
                    "the new leader to finish the failover")
-        owners = owners_as_the_nodes_see_them(cluster)
+        owners = owners_once_applied(cluster)
         assert sorted(owners) == list(range(8)) and all(len(o) == 1 and o != [victim] for o in owners.values()), owners
         assert rs.value_state("orders").get_many(list(orders)) == list(orders.values())  # all in the checkpoint
 
