@@ -277,6 +277,8 @@ class ReplicaControl:
                 actions += self.sets.drop(step.partition, step.node) or []
         now = time.monotonic()
         for pid, s in enumerate(self.sets.sets):
+            if s.primary is None:
+                continue  # electing or lost: there is no copy to take until a primary serves
             for b in s.backups:
                 if b in s.in_sync or (pid, b) in self.sets.copying or statuses.get(b) is not MemberStatus.ALIVE:
                     continue
