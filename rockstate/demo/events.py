@@ -61,8 +61,9 @@ def write_file(part: pd.DataFrame, directory: str, i: int) -> None:
     tmp = os.path.join(directory, f".cdc-{i:04d}.json.tmp")
     with open(tmp, "w") as f:
         for row in part.to_dict("records"):
-            if isinstance(row["amount"], float) and np.isnan(row["amount"]):
-                row["amount"] = None
+            # a missing value is null in JSON: pandas gives NaN for a missing amount, and for a missing name too
+            # under pandas 3 (Arrow-backed strings), which json.dumps would write as the token NaN, read as "NaN"
+            row = {k: None if isinstance(v, float) and np.isnan(v) else v for k, v in row.items()}
             f.write(json.dumps(row) + "\n")
     os.replace(tmp, path)  # the file source sees whole files only
 
