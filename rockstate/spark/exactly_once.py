@@ -36,16 +36,12 @@ from typing import Any, Callable
 from pyspark.sql import DataFrame
 
 from ..errors import CheckpointsNotConfiguredError, ConfigError, RockstateError
-from ..keys import partition_of
-from ..serde import decode_value, encode_key, encode_value
-from ..store import PUT, StateSpec
-from .client import as_spec, backend_for, define_state
+from .client import as_spec, backend_for
+from .listener import watch_batches
 from .microbatch import per_batch_checkpoint, settle, take_checkpoint
+from .pipelines import record_batch
 
 log = logging.getLogger(__name__)
-
-PIPELINES = "_pipelines"  # the state where each query's bookkeeping lives
-HISTORY = 20
 
 
 @dataclass
@@ -84,6 +80,7 @@ class ExactlyOnce:
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
+        watch_batches(df, self.spec, name=self.query)  # the state visible as Spark commits the batch
         for attempt in range(self.max_attempts):
             mark = self._last_event()
             txn = Transaction(self.query, batch_id)
@@ -139,17 +136,9 @@ class ExactlyOnce:
     def _record(self, txn: Transaction, batch_id: int, chk: int | None, run_s: float, checkpoint_s: float) -> None:
         """The query's bookkeeping, in the ``_pipelines`` state and the coordinator's status."""
         rows_in, rows_out = (int(c.value) for c in txn.counters) if txn.counters else (None, None)
-        entry = {"batch": batch_id, "rows_in": rows_in, "rows_out": rows_out, "seconds": round(run_s, 4),
-                 "checkpoint_seconds": round(checkpoint_s, 4), "checkpoint": chk, "time": time.time()}
-        backend = self.backend
-        define_state(backend, StateSpec(PIPELINES, "value"))
-        key, pid = encode_key(self.query), partition_of(self.query, backend.partitions)
-        old = backend.get_many(PIPELINES, {pid: [key]})[pid][0]
-        record = decode_value(old) if old else {"query": self.query, "batches": []}
-        record.update(last_batch=batch_id, last_checkpoint=chk, updated=entry["time"])
-        record["batches"] = (record["batches"] + [entry])[-HISTORY:]
-        backend.write({pid: [(PUT, PIPELINES, key, encode_value(record))]})
-        backend.report_pipeline(record)
+        record_batch(self.backend, self.query, {
+            "batch": batch_id, "rows_in": rows_in, "rows_out": rows_out, "seconds": round(run_s, 4),
+            "checkpoint_seconds": round(checkpoint_s, 4), "checkpoint": chk}, last_checkpoint=chk)
 
 
 def exactly_once(sink: Callable[[DataFrame, int], Any], *, client: object, query: str,

@@ -37,6 +37,7 @@ from .client import StateClientSpec, as_spec, backend_for
 from .clock import MODES
 from .exactly_once import current_transaction
 from .initial import write_initial_state
+from .listener import watch_batches
 from .microbatch import MicroBatch, Sealing, warn_if_outside_a_stream
 from .partitioning import PARTITION_COLUMN, heartbeat, key_names, route_by_owner, task_of_partition, with_markers, with_partition
 from .processor import StatefulProcessor
@@ -130,6 +131,7 @@ def transform_with_state(
     tasks = max(1, min(tasks or int(df.sparkSession.conf.get("spark.sql.shuffle.partitions")), backend.partitions))
     if txn is None:
         warn_if_outside_a_stream(df)
+        watch_batches(df, spec)  # the state visible as Spark commits each batch (exactly_once tells it its name)
         micro = counters = None
         sealing = Sealing(tasks, _record_partitions(backend.table.owners))
     else:

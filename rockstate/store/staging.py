@@ -128,7 +128,8 @@ def _chosen_ops(part: Partition, query: str, start: bytes, end: bytes) -> list:
     return ops
 
 
-def _sealed_marker(query: str) -> bytes:
+def sealed_key(query: str) -> bytes:
+    """The ``META`` key of the query's seal mark (the last batch sealed), read by the driver's listener too."""
     return b"sealed:" + _query(query)
 
 
@@ -162,13 +163,13 @@ def seal(part: Partition, query: str, batch: int, operator: str) -> bool:
     with part.lock:
         last = sealed(part, query)
         if last is None or last < batch:
-            part.write([(PUT, META, _sealed_marker(query), msgpack.packb(batch))])
+            part.write([(PUT, META, sealed_key(query), msgpack.packb(batch))])
         prefix = _batch(query, batch) + DONE + msgpack.packb(operator)
         return any(True for _ in part.raw_items(STAGED, prefix, prefix_end(prefix)))
 
 
 def sealed(part: Partition, query: str) -> int | None:
-    data = part.raw_get(META, [_sealed_marker(query)])[0]
+    data = part.raw_get(META, [sealed_key(query)])[0]
     return None if data is None else msgpack.unpackb(data)
 
 
