@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-from typing import TYPE_CHECKING, Any, AsyncGenerator, Callable
+from typing import TYPE_CHECKING, AsyncGenerator, Callable
 
 from ..errors import ClusterError, UnsafePathError
 from ..names import create_new, inside
@@ -30,46 +30,48 @@ class MoveSource:
         self.store = store
         self.root = os.path.join(store.path, folder)
 
-    def _dir(self, name: str) -> str:
+    def path(self, name: str) -> str:
         return os.path.join(self.root, name)
 
     def take(self, part: Partition, name: str, record: bool = False, then: Callable[[], None] | None = None) -> None:
         """A hard-link copy of ``part`` as ``name`` (blocking); ``record``: record writes from now on; ``then``: run
         under the partition's lock right after the copy."""
-        target = self._dir(name)
+        target = self.path(name)
         shutil.rmtree(target, ignore_errors=True)
         os.makedirs(self.root, exist_ok=True)
         part.hard_link_copy(target, record=record, then=then)
 
     def listing(self, name: str) -> list[list]:
-        return [[f, os.path.getsize(os.path.join(self._dir(name), f))] for f in sorted(os.listdir(self._dir(name)))]
+        return [[f, os.path.getsize(os.path.join(self.path(name), f))] for f in sorted(os.listdir(self.path(name)))]
 
     def copy(self, pid: int) -> Stream:
         """Take the copy and start recording; answers its stream (blocking)."""
         self.take(self.store.partition(pid), partition_dir(pid), record=True)
         return self.stream(partition_dir(pid))
 
-    def stream(self, name: str, answer: Any = None) -> Stream:
-        """Copy ``name``'s listing (or ``answer``, which carries it as "files"), then its files' bytes in that order."""
+    def stream(self, name: str) -> Stream:
+        """Copy ``name``'s listing, then its files' bytes in that order."""
         files = self.listing(name)
-        return Stream(files if answer is None else {**answer, "files": files}, self._chunks(name, files))
+        return Stream(files, self.chunks([(name, files)]))
 
-    async def _chunks(self, name: str, files: list[list]) -> AsyncGenerator[bytes, None]:
-        for file, size in files:
-            with open(os.path.join(self._dir(name), file), "rb", buffering=0) as f:
-                while size:  # exactly the listed size: the receiver counts on it
-                    data = await asyncio.to_thread(f.read, min(size, CHUNK))
-                    if not data:
-                        raise ClusterError(f"{file} of copy {name} ended {size} bytes short of its listing")
-                    size -= len(data)
-                    yield data
+    async def chunks(self, copies: list[tuple[str, list[list]]]) -> AsyncGenerator[bytes, None]:
+        """The bytes of each copy's listed files ([(name, [[file, size], ...]), ...]), in that order."""
+        for name, files in copies:
+            for file, size in files:
+                with open(os.path.join(self.path(name), file), "rb", buffering=0) as f:
+                    while size:  # exactly the listed size: the receiver counts on it
+                        data = await asyncio.to_thread(f.read, min(size, CHUNK))
+                        if not data:
+                            raise ClusterError(f"{file} of copy {name} ended {size} bytes short of its listing")
+                        size -= len(data)
+                        yield data
 
     def delta(self, pid: int, final: bool) -> list:
         """The writes since the copy or the last delta; ``final``: the partition is frozen, recording ends."""
         return self.store.partition(pid).take_recorded(stop=final)
 
     def discard(self, pid: int) -> None:
-        shutil.rmtree(self._dir(partition_dir(pid)), ignore_errors=True)
+        shutil.rmtree(self.path(partition_dir(pid)), ignore_errors=True)
         try:
             self.store.partition(pid).take_recorded()
         except Exception:  # noqa: BLE001 -- the partition is gone already: nothing is recording

@@ -4,6 +4,9 @@
   (``assignment.assign``), in partition order. Partitions of DEAD members
   stay where they are: moving them without their data would lose it; they
   wait for their node, or for a failover.
+- ``unassigned``: of those moves, the ones without a source (a new
+  cluster's placement, a partition never assigned) need no copy: their
+  new owners go out in one table, not a table per partition.
 - ``failover``: a DEAD member's partitions, each with the live member that
   restores it from the latest checkpoint (the owner ``assign`` gives it).
   None while no member is alive (the failover waits); an empty plan when
@@ -58,6 +61,11 @@ def rebalance(owners: Owners, statuses: Statuses) -> list[Move]:
     movable = [pid for pid, o in enumerate(owners) if o is None or statuses[o] is not MemberStatus.DEAD]
     current = [owners[pid] if owners[pid] in targets else None for pid in movable]
     return [Move(pid, owners[pid], new) for pid, new in zip(movable, assign(current, targets)) if new != owners[pid]]
+
+
+def unassigned(moves: Sequence[Move]) -> tuple[dict[int, str], list[Move]]:
+    """The moves without a source as {partition: new owner}; the moves that copy."""
+    return {m.partition: m.target for m in moves if m.source is None}, [m for m in moves if m.source is not None]
 
 
 def failover(owners: Owners, statuses: Statuses, dead: str) -> FailoverPlan | None:

@@ -73,7 +73,7 @@ def test_a_copys_listing_cannot_write_outside_its_target(tmp_path):
     (p.Heartbeat, {"node_id": "../n", "epoch": 1}),
     (p.Leave, {"node_id": "/n"}),
     (p.ReplicaReport, {"node_id": "a/b", "reports": []}),
-    (p.ReplicaCopy, {"partition": 0, "node": "../../outgoing"}),
+    (p.ReplicaCopy, {"partitions": [0], "node": "../../outgoing"}),
     (p.CreateSavepoint, {"name": "../../chk-000001"}),
     (p.RestoreCluster, {"savepoint": "../x"}),
     (p.IngestChunk, {"upload": "../../x", "offset": 0, "data": b""}),

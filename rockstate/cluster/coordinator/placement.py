@@ -5,14 +5,16 @@ A dead node keeps its partitions (they are unavailable until it returns, or,
 with checkpoints configured, until they are restored elsewhere): moving them
 without their data would lose it. With backups, its partitions first go to
 their most advanced in-sync backup (``replication/in_sync.py``); only what has
-no replica left is restored. A join or a graceful leave moves each partition
-whose owner changes, at most ``max_concurrent_migrations`` at once (a plain
-move: ``migration.py``; with backups, a handover: ``replication/handover.py``);
-every finished move is its own epoch. Replica changes alone (a report, a
-backup added or dropped) are published coalesced (``publish_owners``): those
-that arrive while a table is being sent go out together, in one save and one
-``ApplyTable`` per node, so a burst of replica reports costs a few
-publications, not one each.
+no replica left is restored. A new cluster's partitions get their first
+owners in one table. A join or a graceful leave moves each partition whose
+owner changes: plain moves (``migration.py``) at most
+``max_concurrent_migrations`` at once; with backups, handovers
+(``replication/handover.py``) up to ``HANDOVERS`` at once, whose copies go
+in batches (``replication/copy_batches.py``). Every table goes out through
+one group commit (``_flush``): the tables of moves, promotions and replica
+changes (a report, a backup added or dropped) that arrive while one is being
+saved and sent go out together, in one save and one ``ApplyTable`` per node,
+so a burst of them costs a few publications, not one each.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class _Sent:
     sending: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
+HANDOVERS = 64  # handovers (moves with backups) at once; their copies still go at most max_concurrent_migrations at once
 FAILOVER_RETRY = Retry(deadline=None, initial=0.2, maximum=5.0, retry_on=lambda e: isinstance(e, _NotYet))  # until it is done
 
 
@@ -128,7 +131,15 @@ class Placement:
             if len(self.state.membership.alive()) < (self.config.initial_cluster_size if self._forming() else 1):
                 return 0
             planned = placement.rebalance(self.state.table.owners, self.state.membership.statuses())
-            limit = asyncio.Semaphore(self.config.max_concurrent_migrations)
+            first, moves = placement.unassigned(planned)
+            if first:  # one table for all, whatever P
+                owners = list(self.state.table.owners)
+                for pid, owner in first.items():
+                    owners[pid] = owner
+                await self.publish(self.state.table.with_owners(owners, self.state.membership.addresses()), include_leaving=True)
+            # with backups, a move's copy joins the others' transfer between the same nodes and its new table theirs
+            # (copy_batches.py, publish's group commit): many at once cost little more than one
+            limit = asyncio.Semaphore(HANDOVERS if self.replicas.enabled else self.config.max_concurrent_migrations)
 
             async def one(move: placement.Move) -> None:
                 async with limit:
@@ -136,7 +147,7 @@ class Placement:
 
             # every move ends before the lock is let go: a failed one must not leave the others running beside the
             # next rebalance (it would plan the same partitions again, and two handovers of one would race)
-            failed = [r for r in await asyncio.gather(*(one(mv) for mv in planned), return_exceptions=True) if r is not None]
+            failed = [r for r in await asyncio.gather(*(one(mv) for mv in moves), return_exceptions=True) if r is not None]
             if failed:
                 raise failed[0]
             checkpoints = self._checkpoints()  # (restore_on_start: a cluster with checkpoints)
@@ -237,29 +248,24 @@ class Placement:
     async def publish(self, table: Table, include_leaving: bool = False) -> None:
         """A new table: kept, then sent to the nodes (a leaving one too, while its partitions move off it).
 
-        A table with new owners (a move, a promotion, a restore) is the coordinator's, saved and sent at once, as
-        ever: its new owner serves as soon as it can. Replica changes alone are coalesced (``publish_owners``)."""
+        A table with new owners (a move, a promotion, a restore) is the coordinator's at once: the record holds it
+        from now on, so a table built meanwhile cannot undo it. It goes out through the same group commit as replica
+        changes (``_flush``): the tables of moves that end while one is being saved and sent go out together, in
+        one save and one ``ApplyTable`` per node; this returns once a table that holds it reached the nodes."""
         sent = self._sent
         sent.requested += 1
         mine = sent.requested
         self.state.table, catch_ups = self.replicas.decorate(table)
         sent.rebuild = False  # decorated with the replica sets as they are: every request so far is in it
-        table = self.state.table
-        await self._save()
-        if mine > sent.saved:
-            sent.saved, sent.saved_table = mine, table
-        await self.broadcast(p.ApplyTable(table=table.to_wire()), include_leaving)  # the nodes drop an older one
-        if include_leaving:  # it covers the coalesced requests before it (they want a leaving node told)
-            sent.sent = max(sent.sent, mine)
+        await self._flush(mine, include_leaving)
         await self.replicas.carry_out(catch_ups)
 
     async def publish_owners(self, owners: list[str | None]) -> None:
         """The table with these primaries (the replica control's promotions and handovers), a leaving node told too.
 
         When only backups or in-sync sets changed (the same primaries: a replica report, a backup added or dropped),
-        the table is rebuilt from the replica sets, saved and sent once for every such change that arrived while
-        the previous table was being sent (``_flush``): O(P) per batch, not per report. A change of primaries is
-        in the table, and saved, at once: a table built meanwhile from the owners must not undo it."""
+        the table is rebuilt from the replica sets once for every such change that arrived while the previous table
+        was being sent (``_flush``): O(P) per batch, not per report."""
         if owners != list(self.state.table.owners):
             await self.publish(self.state.table.with_owners(owners, self.state.membership.addresses()), include_leaving=True)
             return

@@ -167,23 +167,24 @@ class ReplicaApply(Message):
 
 
 class ReplicaCopy(Ranged, Message):
-    """On a primary: take a hard-link copy of the partition for backup ``node`` and ship it the batches after it;
-    answers {"files": [[name, size], ...], "seq": the copy's last batch}, then streams the files' bytes."""
+    """On a primary: take a hard-link copy of each of ``partitions`` it serves with backup ``node``, and ship the backup
+    the batches after each; answers {"parts": [[pid, [[name, size], ...]], ...]} (a never-written partition: no
+    files), then streams every part's files' bytes in that order."""
 
     op = "replica_copy"
     names = {"node": "node id"}
-    partition: int
+    partitions: list
     node: str
 
 
 class ReplicaCatchUp(Message):
-    """From the coordinator, to a new or returning backup: copy the partition from its primary at ``source``;
-    its primary then ships it the batches after the copy and reports it caught up."""
+    """From the coordinator, to a new or returning backup: copy ``partitions`` ([[pid, replica epoch], ...]) from
+    their primary at ``source``, in one transfer; their primary then ships it the batches after each copy and reports
+    it caught up. Answers {pid: bytes copied} for the partitions copied."""
 
     op = "replica_catch_up"
-    partition: int
+    partitions: list
     source: str
-    epoch: int
 
 
 class ReplicaPositions(Message):

@@ -1,12 +1,16 @@
-"""Catch-up of a new or returning backup: a hard-link copy of the partition on its primary, fetched by the backup.
+"""Catch-up of new or returning backups: hard-link copies of partitions on their primary, fetched in one transfer.
 
-The coordinator sends the backup ``ReplicaCatchUp``. The backup asks the
-primary for a copy (``ReplicaCopy``): the primary takes a hard-link RocksDB
-checkpoint under the partition's write lock, at batch S, and from that instant
-ships the backup the batches after S (``primary.py``). The copy's files
-come back as one stream on a connection of its own (as a move's do); the
-backup opens the copy in place of whatever copy it had and applies the
-batches from S + 1; the primary then reports it caught up.
+The coordinator sends a backup ``ReplicaCatchUp`` naming several partitions of
+one primary. The backup asks the primary for their copies (``ReplicaCopy``):
+the primary takes each partition's hard-link RocksDB checkpoint under its write
+lock, at batch S, and from that instant ships the backup the batches after S
+(``primary.py``). A partition never written (batch 0, no key in any column
+family) needs no files: its copy is an empty store, at batch 0. Every copy's
+files come back as one stream on a connection of its own (as a move's do), so
+a start-up or a join pays one transfer per pair of nodes, not one per
+partition; the backup opens the copies (several at once) in place of whatever
+it held and applies the batches from S + 1; the primary then reports each
+caught up.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import shutil
 import time
 from typing import Awaitable, Callable
 
-from ...errors import PartitionUnavailableError
+from ...errors import ClusterError, PartitionUnavailableError, ProtocolError, RockstateError
 from ...rpc import Stream
 from ...rpc.async_client import AsyncChannel
 from ...store import Store
@@ -45,7 +49,8 @@ class ReplicaCopies:
         self._retired, self._replica_epoch = retired, replica_epoch
         self._primaries, self._backups = primaries, backups
         self._source: MoveSource | None = None
-        self._tasks: dict[int, asyncio.Task] = {}  # pid -> its catch-up
+        self._tasks: dict[int, asyncio.Task] = {}  # pid -> the catch-up carrying it (one task carries several)
+        self._cancelled: set[int] = set()  # partitions dropped while their catch-up ran: not adopted
 
     @property
     def source(self) -> MoveSource:
@@ -54,26 +59,38 @@ class ReplicaCopies:
         return self._source
 
     def cancel(self, pid: int) -> bool:
-        """Cancel ``pid``'s catch-up; whether one ran."""
-        task = self._tasks.pop(pid, None)
-        if task is not None:
-            task.cancel()
-        return task is not None
+        """No copy of ``pid`` any more: its catch-up, if one runs, drops it rather than adopting it (the other
+        partitions its transfer carries go on); whether one runs."""
+        if pid not in self._tasks:
+            return False
+        self._cancelled.add(pid)
+        return True
 
     def running(self) -> list[asyncio.Task]:
-        return list(self._tasks.values())
+        return list(set(self._tasks.values()))
 
     # -- on the primary ---------------------------------------------------------------
 
     async def copy(self, msg: p.ReplicaCopy, conn: object) -> Stream:
-        pid = msg.partition
-        if not self._primaries.serves(pid, msg.node):
-            raise PartitionUnavailableError(f"this node is not partition {pid}'s primary with backup {msg.node}", partition=pid)
-        seq = await asyncio.to_thread(self._take, pid, msg.node)
-        return self.source.stream(_name(pid, msg.node), {"seq": seq})
+        store = self._store_of()
+        pids = sorted({store.check_pid(pid) for pid in msg.partitions})
+        served = [pid for pid in pids if self._primaries.serves(pid, msg.node)]
+        if not served:
+            raise PartitionUnavailableError(f"this node is not the primary of partitions {pids[:8]} with backup {msg.node}",
+                                            partition=pids[0] if pids else None)
+        seqs = await asyncio.gather(*(asyncio.to_thread(self._take, pid, msg.node) for pid in served))  # fsyncs overlap
+        names = [_name(pid, msg.node) for pid in served]
+        listings = [self.source.listing(name) if seq is not None else [] for name, seq in zip(names, seqs)]
+        return Stream({"parts": [list(part) for part in zip(served, listings)]}, self.source.chunks(list(zip(names, listings))))
 
-    def _take(self, pid: int, node: str) -> int:
+    def _take(self, pid: int, node: str) -> int | None:
+        """A copy of ``pid`` for ``node`` at its batch S, shipped the batches after S; None: never written, no files."""
         part: Partition = self._store_of().partition(pid)
+        with part.lock:
+            if part.seq() == 0 and _empty(part):
+                self._primaries.copied(node, pid, 0)
+                shutil.rmtree(self.source.path(_name(pid, node)), ignore_errors=True)
+                return None
         at: list[int] = []
 
         def position() -> None:  # under the write lock: the batches after the copy's are the ones shipped to it
@@ -85,52 +102,97 @@ class ReplicaCopies:
 
     # -- on the backup ----------------------------------------------------------------
 
-    async def catch_up(self, msg: p.ReplicaCatchUp, conn: object) -> int:
-        pid = msg.partition
-        if self._owns(pid):
-            raise PartitionUnavailableError(f"partition {pid} is served here as primary; no backup copy", partition=pid)
-        task = self._tasks.get(pid)
-        if task is None or task.done():
-            task = self._tasks[pid] = asyncio.ensure_future(self._catch_up(pid, msg.source, msg.epoch))
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if not task.cancelled():
-                raise  # this handler itself is cancelled (the node stops)
-            raise PartitionUnavailableError(f"this node is no longer a backup of partition {pid}", partition=pid) from None
-
-    async def _catch_up(self, pid: int, source: str, epoch: int) -> int:
+    async def catch_up(self, msg: p.ReplicaCatchUp, conn: object) -> dict[int, int]:
+        """Copy ``msg.partitions`` ([[pid, replica epoch], ...]) from their primary; answers {pid: bytes} for each
+        copied (the others were not: served here, dropped meanwhile, not the source's any more, or it failed)."""
         store = self._store_of()
-        self._backups.forget(pid)  # with the tail of the copy it drops
+        if not all(type(item) is list and len(item) == 2 and type(item[1]) is int for item in msg.partitions):
+            raise ProtocolError("replica_catch_up's partitions are [[partition, replica epoch], ...]")
+        wanted = {store.check_pid(pid): epoch for pid, epoch in msg.partitions}
+        dropping = {self._tasks[pid] for pid in wanted if pid in self._cancelled and pid in self._tasks}
+        if dropping:
+            await asyncio.wait(dropping)  # a copy of one being dropped ends first: never two copies of a partition
+        joined = {t for pid in wanted if (t := self._tasks.get(pid)) is not None}
+        new = {pid: epoch for pid, epoch in wanted.items() if pid not in self._tasks and not self._owns(pid)}
+        if new:
+            task = asyncio.ensure_future(self._catch_up(new, msg.source))
+            self._tasks.update(dict.fromkeys(new, task))
+            joined.add(task)
+        answers: dict[int, int] = {}
+        for task in joined:
+            try:
+                copied = await asyncio.shield(task)
+            except asyncio.CancelledError:
+                if not task.cancelled():
+                    raise  # this handler itself is cancelled (the node stops)
+                continue
+            except (RockstateError, OSError) as e:
+                log.warning("backup copies of partitions %s from %s failed: %s", sorted(wanted)[:8], msg.source, e)
+                continue
+            answers.update({pid: n for pid, n in copied.items() if pid in wanted})
+        return answers
+
+    async def _catch_up(self, epochs: dict[int, int], source: str) -> dict[int, int]:
+        store, pids = self._store_of(), sorted(epochs)
         steps = [time.perf_counter()]  # the step times, logged: where a slow catch-up waits
-        await self._retired(pid)
-        store.close_partition(pid)  # replace_partitions puts the new copy in its place
-        target = os.path.join(store.path, "replicas-in", partition_dir(pid))
-        channel, me = self._peer(source), self._node_id()
+        me = self._node_id()
         if me is None:  # the coordinator asks only members: not reached
-            raise PartitionUnavailableError(f"this node has not joined yet; no backup copy of partition {pid}", partition=pid)
-
-        def receive(answer: dict, read_into: Callable[[memoryview], int]) -> int:  # on the stream's thread
-            steps.append(time.perf_counter())  # the copy is taken; its files follow
-            return receive_files(answer["files"], target, read_into)
-
+            raise PartitionUnavailableError("this node has not joined yet; no backup copies")
+        targets = {pid: os.path.join(store.path, "replicas-in", partition_dir(pid)) for pid in pids}
+        got: dict[int, int] = {}  # pid -> bytes, the copies the primary sent
         try:
+            for pid in pids:
+                self._backups.forget(pid)  # with the tail of the copy it drops
+            await asyncio.gather(*(self._retired(pid) for pid in pids))
+            for pid in pids:
+                store.close_partition(pid)  # replace_partitions puts the new copy in its place
             steps.append(time.perf_counter())
-            copied = await channel.stream(p.ReplicaCopy(partition=pid, node=me), receive, timeout=600.0)
+
+            def receive(answer: dict, read_into: Callable[[memoryview], int]) -> dict[int, int]:  # on the stream's thread
+                steps.append(time.perf_counter())  # the copies are taken; their files follow
+                for pid, files in answer["parts"]:
+                    if pid not in targets or pid in got:
+                        raise ClusterError(f"partition {str(pid)[:20]} in a copy's listing was not asked for (or twice)")
+                    got[pid] = receive_files(files, targets[pid], read_into)
+                return got
+
+            await self._peer(source).stream(p.ReplicaCopy(partitions=pids, node=me), receive, timeout=600.0)
             steps.append(time.perf_counter())
-            await asyncio.to_thread(store.replace_partitions, {pid: target})
+            keep = {pid: targets[pid] for pid in got if pid not in self._cancelled}
+            await asyncio.to_thread(store.replace_partitions, keep)
             steps.append(time.perf_counter())
-        except BaseException:
-            shutil.rmtree(target, ignore_errors=True)
-            raise
+            copied = {}
+            for pid in got:
+                if pid in self._cancelled or self._owns(pid):  # dropped meanwhile (a copy opened as it was: closed)
+                    if not self._owns(pid):
+                        store.close_partition(pid, drop=True)
+                    continue
+                part = store.partition(pid)
+                part.backup = True
+                self._backups.adopt(pid, max(epochs[pid], self._replica_epoch(pid)), part.seq())
+                copied[pid] = got[pid]
         finally:
-            self._tasks.pop(pid, None)
-        part = store.partition(pid)
-        part.backup = True
-        self._backups.adopt(pid, max(epoch, self._replica_epoch(pid)), part.seq())
-        log.info("backup copy of partition %d from %s at batch %d (%d bytes; seconds: old copy gone %.3f, snapshot %.3f, "
-                 "fetch %.3f, open %.3f)", pid, source, part.seq(), copied, *(b - a for a, b in zip(steps, steps[1:])))
+            for pid in pids:
+                shutil.rmtree(targets[pid], ignore_errors=True)
+                if self._tasks.get(pid) is asyncio.current_task():
+                    del self._tasks[pid]
+                    self._cancelled.discard(pid)
+        log.info("backup copies of %d partitions from %s (%d bytes, %d empty; seconds: old copies gone %.3f, "
+                 "snapshots %.3f, fetch %.3f, open %.3f)", len(copied), source, sum(copied.values()),
+                 sum(1 for n in copied.values() if not n), *(b - a for a, b in zip(steps, steps[1:])))
         return copied
+
+
+def _empty(part: Partition) -> bool:
+    """No key in any of the partition's column families (under its lock: nothing is written meanwhile)."""
+    for family in [part.db, *part.column_families()]:
+        if family is None:
+            return False  # closed: not known to be empty
+        it = family.iter()
+        it.seek_to_first()
+        if it.valid():
+            return False
+    return True
 
 
 def _name(pid: int, node: str) -> str:

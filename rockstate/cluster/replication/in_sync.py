@@ -22,7 +22,10 @@
   left, or none answering within ``ELECTION_TIMEOUT``, the event
   ``promotion_failed`` names why and the partition goes to the checkpoint
   restore (``pending`` tells the failover which partitions are still being
-  promoted: they are not restored).
+  promoted: they are not restored). Each node is asked once for all its
+  partitions, and a round's promotions go out in one table.
+- Catch-ups go through ``copy_batches.py``: those of one backup from one
+  primary travel in one transfer.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from ...errors import RockstateError
 from ...rpc.async_client import AsyncChannel
 from ...rpc.server import Connection
 from .. import protocol as p
+from .copy_batches import CopyBatches
 from .handover import run_handover
 from .outcomes import Report
 from ..table import Table
@@ -64,9 +68,9 @@ class ReplicaControl:
         (KeyError: not a member); ``restore_lost(node)``: a dead node's partitions that no backup took go to the
         checkpoint restore; ``spawn(coro)``: a background task of the leading coordinator; ``event(name, **data)``."""
         self.backup_count, self.replication, self.timeout = config.backup_count, config.replication, config.replica_timeout
-        self._concurrent = config.max_concurrent_migrations
         self._publish, self._statuses, self._channel, self._address = publish, statuses, channel, address
         self._restore_lost, self._spawn, self._event = restore_lost, spawn, event
+        self._copies = CopyBatches(self._send_catch_up, config.max_concurrent_migrations)
         self.load({}, [])
 
     def load(self, saved: dict, owners: Sequence[str | None]) -> None:
@@ -80,7 +84,6 @@ class ReplicaControl:
         # the last leader started is not known here (one still under way on the node is joined there, not repeated)
         self._out_of_sync: dict[tuple[int, str], float] = {
             (pid, b): -math.inf for pid, s in enumerate(self.sets.sets) for b in s.backups if b not in s.in_sync}
-        self._limit: asyncio.Semaphore | None = None
 
     @property
     def enabled(self) -> bool:
@@ -129,7 +132,7 @@ class ReplicaControl:
         for a in actions:
             if isinstance(a, CatchUp):
                 self._spawn_catch_up(a)
-        await asyncio.gather(*(self._elect(a) for a in actions if isinstance(a, AskPositions)))
+        await self._elect([a for a in actions if isinstance(a, AskPositions)])
 
     def _spawn_catch_up(self, a: CatchUp) -> None:
         if a.node in self._statuses() and self.sets.copy_started(a.partition, a.node):
@@ -142,47 +145,60 @@ class ReplicaControl:
         return None
 
     async def _catch_up(self, a: CatchUp) -> int | None:
-        if self._limit is None:
-            self._limit = asyncio.Semaphore(self._concurrent)
         try:
-            async with self._limit:
-                s = self.sets[a.partition]
-                if a.node not in s.backups or s.primary is None:
-                    return None
-                started = time.monotonic()
-                copied = await self._channel(a.node).call(p.ReplicaCatchUp(
-                    partition=a.partition, source=self._address(s.primary), epoch=s.epoch), timeout=CATCH_UP_TIMEOUT)
-                self._event("replica_copied", partition=a.partition, node=a.node, primary=s.primary, bytes=copied,
+            s = self.sets[a.partition]
+            if a.node not in s.backups or s.primary is None:
+                return None
+            started, primary = time.monotonic(), s.primary
+            copied = await self._copies.copy(a.node, primary, a.partition, s.epoch)
+            if copied is not None:
+                self._event("replica_copied", partition=a.partition, node=a.node, primary=primary, bytes=copied,
                             seconds=round(time.monotonic() - started, 3))
-                return copied
-        except (RockstateError, OSError, KeyError) as e:
-            log.warning("backup %s of partition %d could not catch up: %s", a.node, a.partition, e)
-            return None
+            return copied
         finally:
             self.sets.copy_finished(a.partition, a.node)
             self._out_of_sync[a.partition, a.node] = time.monotonic()  # the next try, if needed, after STUCK timeouts
 
-    async def _elect(self, a: AskPositions) -> None:
-        """Ask the in-sync backups of a partition whose primary died how far they are; promote the most advanced."""
-        async def ask(node: str) -> dict:
-            try:
-                answer = await self._channel(node).call(
-                    p.ReplicaPositions(partitions=[a.partition]), timeout=max(2.0, 2 * self.timeout))
-                return {node: answer.get(a.partition, answer.get(str(a.partition)))}  # None: it holds no copy
-            except (RockstateError, OSError, KeyError):
-                return {}  # no answer
+    async def _send_catch_up(self, node: str, primary: str, epochs: dict[int, int]) -> dict:
+        """One ``ReplicaCatchUp``: ``node`` copies these partitions from ``primary`` in one transfer."""
+        return await self._channel(node).call(p.ReplicaCatchUp(
+            partitions=[[pid, epoch] for pid, epoch in sorted(epochs.items())], source=self._address(primary)),
+            timeout=CATCH_UP_TIMEOUT)
 
-        answers = {n: seq for answer in await asyncio.gather(*(ask(n) for n in a.nodes)) for n, seq in answer.items()}
-        actions = self.sets.positions(a.partition, answers, time.monotonic())
-        if actions:
+    async def _elect(self, asks: list[AskPositions]) -> None:
+        """Ask the in-sync backups of partitions whose primary died how far they are, one request per node, and
+        promote each partition's most advanced: every promotion of the round in one table."""
+        if not asks:
+            return
+        by_node: dict[str, list[int]] = {}
+        for a in asks:
+            for node in a.nodes:
+                by_node.setdefault(node, []).append(a.partition)
+
+        async def ask(node: str, pids: list[int]) -> tuple[str, dict | None]:
+            try:
+                answer = await self._channel(node).call(p.ReplicaPositions(partitions=pids), timeout=max(2.0, 2 * self.timeout))
+                return node, {pid: answer.get(pid, answer.get(str(pid))) for pid in pids}  # None: it holds no copy
+            except (RockstateError, OSError, KeyError, AttributeError):
+                return node, None  # no answer
+
+        answers = dict(await asyncio.gather(*(ask(node, pids) for node, pids in by_node.items())))
+        now, decided = time.monotonic(), []
+        for a in asks:
+            got = {n: answers[n][a.partition] for n in a.nodes if answers.get(n) is not None}  # type: ignore[index]
+            decided += [(act, got) for act in self.sets.positions(a.partition, got, now)]
+        if decided:
             await self.publish()
-        for act in actions:
+        lost = []
+        for act, got in decided:
             if isinstance(act, Promoted):
                 self._event("primary_promoted", partition=act.partition, node=act.primary, previous=act.previous,
-                            epoch=act.epoch, position=answers[act.primary])
+                            epoch=act.epoch, position=got[act.primary])
             elif isinstance(act, RestoreFromCheckpoint):
                 self._event("promotion_failed", partition=act.partition, previous=act.lost, reason=act.reason)
-                await self._restore_lost(act.lost)
+                lost += [act.lost] if act.lost not in lost else []
+        for node in lost:
+            await self._restore_lost(node)
 
     # -- events ------------------------------------------------------------------
 
@@ -222,8 +238,7 @@ class ReplicaControl:
 
     async def elect_pending(self) -> None:
         """Partitions still without a primary whose backups did not answer yet: ask again."""
-        await asyncio.gather(*(self._elect(AskPositions(pid, tuple(sorted(self.sets[pid].backups))))
-                               for pid in sorted(self.pending())))
+        await self._elect([AskPositions(pid, tuple(sorted(self.sets[pid].backups))) for pid in sorted(self.pending())])
 
     async def returned(self, node: str) -> None:
         if self.enabled:

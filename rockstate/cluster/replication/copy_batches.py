@@ -1,0 +1,62 @@
+"""The coordinator's catch-ups, sent in batches: one ``ReplicaCatchUp`` per backup and primary carries every
+partition waiting for a copy between them (up to ``BATCH``), so a start-up, a join or a failover pays one transfer
+per pair of nodes rather than one per partition (a copy costs 0.1-1 s whatever its data: a hard-link snapshot,
+a stream, an open). At most ``limit`` transfers run at once; what arrives while they run waits, and goes together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Awaitable, Callable
+
+from ...errors import RockstateError
+
+log = logging.getLogger(__name__)
+
+BATCH = 128  # partitions one transfer carries at most
+
+Send = Callable[[str, str, dict[int, int]], Awaitable[dict]]
+
+
+class CopyBatches:
+    def __init__(self, send: Send, limit: int) -> None:
+        """``send(node, primary, {pid: replica epoch})``: one ``ReplicaCatchUp``, answering {pid: bytes copied}."""
+        self._send, self._limit_n = send, limit
+        self._limit: asyncio.Semaphore | None = None  # made on the loop
+        self._waiting: dict[tuple[str, str], dict[int, tuple[int, asyncio.Future]]] = {}
+
+    async def copy(self, node: str, primary: str, pid: int, epoch: int) -> int | None:
+        """``node`` copies ``pid`` from ``primary`` in the next transfer between them; answers the bytes (None: not copied)."""
+        queue = self._waiting.setdefault((node, primary), {})
+        if pid in queue:
+            fut = queue[pid][1]
+        else:
+            fut = asyncio.get_running_loop().create_future()
+            queue[pid] = (epoch, fut)
+            if len(queue) == 1:  # the first waiting: a transfer will take it and whatever joins it meanwhile
+                asyncio.ensure_future(self._run(node, primary))
+        return await asyncio.shield(fut)
+
+    async def _run(self, node: str, primary: str) -> None:
+        if self._limit is None:
+            self._limit = asyncio.Semaphore(self._limit_n)
+        async with self._limit:
+            queue = self._waiting.pop((node, primary), {})
+            batch = dict(list(queue.items())[:BATCH])
+            rest = {pid: w for pid, w in queue.items() if pid not in batch}
+            if rest:  # the next transfer takes them
+                self._waiting.setdefault((node, primary), {}).update(rest)
+                asyncio.ensure_future(self._run(node, primary))
+            if not batch:
+                return
+            copied: dict[int, int] = {}
+            try:
+                answer = await self._send(node, primary, {pid: epoch for pid, (epoch, _) in batch.items()})
+                copied = {int(pid): n for pid, n in answer.items() if type(n) is int}
+            except (RockstateError, OSError, KeyError, ValueError, TypeError, AttributeError) as e:
+                log.warning("backup %s could not copy %d partitions from %s: %s", node, len(batch), primary, e)
+            finally:  # every catch-up waiting gets its answer, whatever happened
+                for pid, (_, fut) in batch.items():
+                    if not fut.done():
+                        fut.set_result(copied.get(pid))
