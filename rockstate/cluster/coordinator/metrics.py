@@ -12,6 +12,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from ...control.membership import SUSPECT, MemberStatus
 from ..health import short_partitions
+from ..loop_lag import LoopLag
 from ..replication.in_sync import ReplicaControl
 from .checkpoints import ClusterCheckpoints
 from .state import ClusterState
@@ -54,6 +55,7 @@ class CoordinatorMetrics:
         self.batch_seconds = Histogram("rockstate_pipeline_batch_seconds", "Duration of pipeline batches, by query", ["query"], buckets=BATCH_BUCKETS, registry=r)
         self.batch_checkpoint_seconds = Histogram("rockstate_pipeline_checkpoint_seconds", "Seconds a batch spent committing its state, by query", ["query"], buckets=BATCH_BUCKETS, registry=r)
         self.rows = Counter("rockstate_pipeline_rows", "Rows through pipelines' stateful operators, by query and direction", ["query", "direction"], registry=r)
+        self.loop_lag = LoopLag("rockstate_coordinator", r)  # started by the coordinator, on its loop
         self.moving: set[int] = set()
         self._seen_batches: dict[str, int] = {}
         r.register(self)  # collect() below: figures read from the coordinator's state

@@ -161,6 +161,7 @@ class Coordinator:
 
     async def start(self) -> None:
         self._dir_lock = datadir.lock(self.data_dir, "coordinator")  # before it serves: a second one must not
+        self.metrics.loop_lag.start()
         election = self.leading.election
         if election is None:
             await self.placement.prepare()
@@ -183,6 +184,7 @@ class Coordinator:
             self.tasks.spawn(self.checkpoints.periodic())
 
     async def stop(self) -> None:
+        self.metrics.loop_lag.stop()
         await self.tasks.stop()
         if self.leading.election is not None:
             await self.leading.election.stop()

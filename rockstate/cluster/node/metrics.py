@@ -29,6 +29,7 @@ from prometheus_client.utils import floatToGoString
 
 from ...store import Store
 from .. import protocol as p
+from ..loop_lag import LoopLag
 from ..security import Security
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
@@ -153,13 +154,15 @@ class NodeMetrics:
         self.partitions = Gauge("rockstate_node_partitions", "Partitions owned", registry=self.registry)
         self._collector, self._node_id = collector, node_id
         self.registry.register(collector)
+        self.loop_lag = LoopLag("rockstate_node", self.registry)  # started by the node, on its loop
         self._http: MetricsHTTPServer | None = None
 
     async def figures(self, msg: p.NodeFigures, conn: object) -> dict:
         """Memory, disk and RocksDB figures, for the coordinator's status page (the disk walk off the event loop)."""
         c = self._collector
         return {"rss_bytes": rss_bytes(), "memory_limit_bytes": c.memory_bytes, "rocksdb": rocksdb_figures(c.store_of()),
-                "disk": await asyncio.to_thread(disk_figures, c.data_dir)}
+                "disk": await asyncio.to_thread(disk_figures, c.data_dir),
+                "loop_lag_max_seconds": self.loop_lag.worst}
 
     async def identity(self, msg: p.NodeIdentity, conn: object) -> str | None:
         return self._node_id()
@@ -195,6 +198,7 @@ class NodeMetrics:
         return generate_latest(self.registry).decode()
 
     def close(self) -> None:
+        self.loop_lag.stop()
         if self._http is not None:
             self._http.shutdown()
             self._http.server_close()

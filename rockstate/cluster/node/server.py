@@ -192,6 +192,7 @@ class Node:
 
     async def start(self) -> None:
         self._dir_lock = datadir.lock(self.data_dir, "node")  # before it registers: a second one must not
+        self.metrics.loop_lag.start()
         await self.server.start()
         reply = await self._register()
         write_json(self._identity_path, {"node_id": self.node_id})
