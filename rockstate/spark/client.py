@@ -100,6 +100,12 @@ def backend_for(spec: StateClientSpec) -> Backend:
         return backend
 
 
+def is_open(spec: StateClientSpec) -> bool:
+    """Whether this process holds a connection for ``spec`` (``close_clients`` closes them all)."""
+    with _lock:
+        return spec in _backends
+
+
 def close_clients() -> None:
     """Close this process's cached connections (the driver's, at the end of a program or test)."""
     with _lock:

@@ -37,7 +37,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQueryListener
 
 from ..store.staging import META, sealed_key
-from .client import StateClientSpec, backend_for
+from .client import StateClientSpec, backend_for, is_open
 from .microbatch import QUERY_ID
 from .pipelines import record_batch
 
@@ -62,11 +62,20 @@ class BatchListener(StreamingQueryListener):
         with self.lock:
             specs, name = list(self.specs), self.names.get(query_id)
         for spec in specs:
+            if not is_open(spec):  # close_clients() closed it: the program is done with that cluster
+                self._forget(spec)
+                continue
             try:
                 self._committed(spec, progress, query_id, name)
             except Exception as exc:  # never into Spark's listener bus; the next batch (or settle) applies it
-                log.warning("query %s batch %s: could not apply the committed batch's state on %s: %s",
-                            query_id, progress.batchId, spec.address, exc)
+                log.warning("query %s batch %s: could not apply the committed batch's state on %s (the next batch or "
+                            "settle() applies it; not listening for that cluster until an operator is built for it "
+                            "again): %s", query_id, progress.batchId, spec.address, exc)
+                self._forget(spec)  # each event would wait out the client's retry_timeout again
+
+    def _forget(self, spec: StateClientSpec) -> None:
+        with self.lock:
+            self.specs.discard(spec)
 
     def onQueryIdle(self, event) -> None:
         pass
@@ -119,6 +128,7 @@ def watch_batches(df, spec: StateClientSpec, *, name: str | None = None) -> None
                             "last batch): %s", exc)
                 return
             _listeners[id(session)] = (session, listener)
+    backend_for(spec)  # open: the listener leaves a cluster alone once close_clients() closed it
     with listener.lock:
         listener.specs.add(spec)
         if name is not None and not df.isStreaming:
