@@ -127,7 +127,7 @@ def run(spark: SparkSession, rs, kind: str):
     for rep in range(REPEAT):
         for shuffle, times in ((True, bulk), (False, direct)):
             name = f"bulk-{kind}-{rep}-{'shuffled' if shuffle else 'direct'}"
-            rs.value_state(name)  # defined before the clock starts, as for put_many
+            rs.value_state(name, create=True)  # defined before the clock starts, as for put_many
             result = bulk_load(df, name, key, "value", rs, shuffle=shuffle)
             assert result.rows == N, result
             times.append(result.seconds)

@@ -57,7 +57,7 @@ def main() -> None:
 
 def measure(cluster, rs, kind: str) -> list[list]:
     state_name = f"bench-{kind}"
-    rs.value_state(state_name)
+    rs.value_state(state_name, create=True)  # raw writes below go to it
     epoch = rs.backend.refresh().epoch
     keys = (key_of(kind, i) for i in itertools.count())
     value = encode_value(b"v" * 100)

@@ -25,14 +25,17 @@ class Rockstate:
     def partitions(self) -> int:
         return self.backend.partitions
 
-    def value_state(self, name: str, ttl: float | None = None) -> ValueState:
-        return ValueState(self.backend, name, ttl)
+    # A handle defines its state only with create=True; without, a first write defines it and a read of a
+    # state that does not exist raises UnknownStateError naming close matches (states.py).
 
-    def map_state(self, name: str, ttl: float | None = None) -> MapState:
-        return MapState(self.backend, name, ttl)
+    def value_state(self, name: str, ttl: float | None = None, *, create: bool = False) -> ValueState:
+        return ValueState(self.backend, name, ttl, create)
 
-    def list_state(self, name: str, ttl: float | None = None) -> ListState:
-        return ListState(self.backend, name, ttl)
+    def map_state(self, name: str, ttl: float | None = None, *, create: bool = False) -> MapState:
+        return MapState(self.backend, name, ttl, create)
+
+    def list_state(self, name: str, ttl: float | None = None, *, create: bool = False) -> ListState:
+        return ListState(self.backend, name, ttl, create)
 
     def partition_of(self, key: Any) -> int:
         return keyhash.partition_of(key, self.backend.partitions)

@@ -25,8 +25,8 @@ class EmbeddedBackend:
         self.max_key_bytes = store.config.max_key_bytes
         self.max_value_bytes = store.config.max_value_bytes
 
-    def define_state(self, spec: StateSpec) -> StateSpec:
-        return self.store.define_state(spec)
+    def define_state(self, spec: StateSpec, create: bool = True) -> StateSpec:
+        return self.store.define_state(spec, create)
 
     def write(self, ops_by_pid):
         for pid, ops in ops_by_pid.items():

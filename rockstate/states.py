@@ -5,6 +5,11 @@ backend one group of operations per partition. The backend is the embedded
 store or the cluster's routing client: the handles are the same for both.
 Bad input is found while encoding, before anything is sent, so a batch with
 one bad item writes nothing.
+
+Making a handle defines nothing unless ``create=True``: a handle to a state that
+does not exist yet defines it on its first write (as a Redis key or a Hazelcast
+map comes to be), and a read of it raises ``UnknownStateError`` naming the
+states it may have meant, so a misspelt name is never a new empty state.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import numpy as np
 
 from . import keys as keyhash
 from .serde import decode_key, decode_stream, decode_value, decode_values, encode_key, encode_keys, encode_value, encode_values, split_pair
-from .errors import InvalidInputError
+from .errors import InvalidInputError, UnknownStateError
 from .ops import APPEND, DELETE, DELETE_MANY, DELETE_PREFIX, PUT, PUT_MANY
 from .store.catalog import StateSpec, check_name
 
@@ -54,7 +59,7 @@ class Backend(Protocol):
     max_value_bytes: int
     checkpointer: Checkpointer | None  # None: no checkpoint storage
 
-    def define_state(self, spec: StateSpec) -> StateSpec: ...
+    def define_state(self, spec: StateSpec, create: bool = True) -> StateSpec: ...  # create=False: UnknownStateError if none
     def write(self, ops_by_pid: dict[int, list["Op"]]) -> None: ...
     def get_many(self, state: str, keys_by_pid: dict[int, list[bytes]]) -> dict[int, list[bytes | None]]: ...
     def scan(self, state: str, pid: int, prefix: bytes, after: bytes | None, limit: int) -> list[tuple[bytes, bytes]]: ...
@@ -155,12 +160,29 @@ def group_by_partition(pids: np.ndarray) -> tuple[np.ndarray, list[tuple[int, in
 class _State:
     kind = ""
 
-    def __init__(self, backend: Backend, name: str, ttl: float | None = None) -> None:
+    def __init__(self, backend: Backend, name: str, ttl: float | None = None, create: bool = False) -> None:
         check_name(name)  # names starting with "_" are the system's own
-        self.spec = backend.define_state(StateSpec(name, self.kind, ttl))
+        self.spec = StateSpec(name, self.kind, ttl)
         self.name = name
         self._backend = backend
         self._P = backend.partitions
+        try:
+            self.spec, self._defined = backend.define_state(self.spec, create), True
+        except UnknownStateError:
+            self._defined = False  # until a write defines it (or another client does)
+
+    def _reading(self) -> None:
+        """Before a read: the state exists (looked up again, another client may have defined it since)."""
+        if not self._defined:
+            self.spec, self._defined = self._backend.define_state(self.spec, False), True
+
+    def _writing(self) -> None:
+        if not self._defined:
+            self.spec, self._defined = self._backend.define_state(self.spec), True
+
+    def _write(self, ops_by_pid: dict[int, list["Op"]]) -> None:
+        self._writing()
+        self._backend.write(ops_by_pid)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} ttl={self.spec.ttl}>"
@@ -173,12 +195,22 @@ class _State:
         return encode_value(value, self._backend.max_value_bytes)
 
     def _write_one(self, pid: int, key: bytes, op: int, value: bytes | None = None) -> None:
-        self._backend.write({pid: [(op, self.name, key, value)]})
+        self._write({pid: [(op, self.name, key, value)]})
 
     def _get_one(self, pid: int, key: bytes) -> bytes | None:
+        self._reading()
         return self._backend.get_many(self.name, {pid: [key]})[pid][0]
 
+    def _get_many(self, keys_by_pid: dict[int, list[bytes]]) -> dict[int, list[bytes | None]]:
+        self._reading()
+        return self._backend.get_many(self.name, keys_by_pid)
+
+    def _count(self) -> int:
+        self._reading()
+        return self._backend.count(self.name)
+
     def _scan(self, prefix: bytes = b"", pids: Iterable[int] | None = None) -> Iterator[tuple[bytes, bytes]]:
+        self._reading()
         for pid in range(self._P) if pids is None else pids:
             after = None
             while True:
@@ -214,6 +246,7 @@ class ValueState(_State):
         have happened.
         """
         pid, k = self._key(key)
+        self._writing()
         return self._backend.compare_and_set(self.name, pid, k, None if expected is None else self._value(expected), self._value(new))
 
     def contains(self, key: Any) -> bool:
@@ -226,10 +259,10 @@ class ValueState(_State):
         encoded, pids = prepare_keys(keys, self._P, self._backend.max_key_bytes)
         order, groups = group_by_partition(pids)
         if len(groups) == 1:  # one partition: the keys as they are, no reordering
-            return decode_values(self._backend.get_many(self.name, {groups[0][0]: encoded})[groups[0][0]], default)
+            return decode_values(self._get_many({groups[0][0]: encoded})[groups[0][0]], default)
         take = encoded.__getitem__
         idx = order.tolist()
-        found = self._backend.get_many(self.name, {pid: list(map(take, idx[a:b])) for pid, a, b in groups})
+        found = self._get_many({pid: list(map(take, idx[a:b])) for pid, a, b in groups})
         grouped = list(chain.from_iterable(found[pid] for pid, _, _ in groups))  # in partition order
         where = np.empty(len(idx), dtype=np.int64)
         where[order] = np.arange(len(idx))  # key i's value is grouped[where[i]]
@@ -250,7 +283,7 @@ class ValueState(_State):
             return
         order, groups = group_by_partition(pids)
         if len(groups) == 1:  # one partition: the columns as they are
-            self._backend.write({groups[0][0]: [(op, self.name, encoded, values)]})
+            self._write({groups[0][0]: [(op, self.name, encoded, values)]})
             return
         idx = order.tolist()
         by_pid = {}
@@ -258,7 +291,7 @@ class ValueState(_State):
             rows = idx[a:b]
             group_values = None if values is None else list(map(values.__getitem__, rows))
             by_pid[pid] = [(op, self.name, list(map(encoded.__getitem__, rows)), group_values)]
-        self._backend.write(by_pid)
+        self._write(by_pid)
 
     def keys(self) -> Iterator[Any]:
         for k, _ in self._scan():
@@ -269,7 +302,7 @@ class ValueState(_State):
             yield decode_key(k), decode_value(v)
 
     def count(self) -> int:
-        return self._backend.count(self.name)
+        return self._count()
 
     __iter__ = keys
 
@@ -296,7 +329,7 @@ class MapState(_State):
         limit = self._backend.max_key_bytes
         ops = [(PUT, self.name, k + encode_key(uk, limit), self._value(v)) for uk, v in mapping.items()]
         if ops:
-            self._backend.write({pid: ops})
+            self._write({pid: ops})
 
     def delete(self, key: Any, user_key: Any) -> None:
         self._write_one(*self._entry(key, user_key), DELETE)
@@ -323,7 +356,7 @@ class MapState(_State):
 
     def count(self) -> int:
         """Number of entries (not of keys)."""
-        return self._backend.count(self.name)
+        return self._count()
 
 
 class ListState(_State):
@@ -360,4 +393,4 @@ class ListState(_State):
 
     def count(self) -> int:
         """Number of keys holding a list."""
-        return self._backend.count(self.name)
+        return self._count()

@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
         idle = {n.node_id: rss_bytes(n.pid) for n in nodes}
         print("idle RSS: " + ", ".join(f"{k} {mib(v)} MiB" for k, v in idle.items()), flush=True)
         with cluster.connect() as rs:
-            rs.value_state("soak")  # defined once, before the writers race to
+            rs.value_state("soak", create=True)  # defined once, before the writers race to
         procs = [ctx.Process(target=writer, args=(cluster.address, i, args, stop, counters), daemon=True)
                  for i in range(args.writers)]
         for proc in procs:

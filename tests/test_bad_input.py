@@ -78,9 +78,10 @@ def cluster(tmp_path_factory):
             rs.value_state("seed-values").put_many(SEED_VALUES)
             rs.map_state("seed-map").put_all("user", SEED_MAP)
             rs.list_state("seed-list").extend(("user", 1), SEED_LIST)
-            rs.value_state("raw-target")  # raw writes in these tests go here, never into the seed states
-            rs.value_state("round-trip")  # fresh writes after each test
-            rs.map_state("raw-map"), rs.list_state("raw-list"), rs.value_state("raw-ttl", ttl=3600)  # raw writes of a kind
+            rs.value_state("raw-target", create=True)  # raw writes in these tests go here, never into the seed states
+            rs.value_state("round-trip", create=True)  # fresh writes after each test
+            rs.map_state("raw-map", create=True), rs.list_state("raw-list", create=True)  # raw writes of a kind
+            rs.value_state("raw-ttl", ttl=3600, create=True)
         c.processes_at_start = sorted((n.node_id, n.pid) for n in c.nodes())
         yield c
 
@@ -363,9 +364,21 @@ def test_unknown_state_through_the_client(cluster, rs):
             call()
         err = info.value
         assert type(err) is UnknownStateError, what
-        assert "unknown state 'no-such-state'" in str(err), what
+        assert "no state 'no-such-state'" in str(err), what
         assert "value_state(), map_state() or list_state()" in str(err), what  # how to make one
     check_serving_and_intact(cluster, rs)
+
+
+def test_a_read_of_a_state_that_does_not_exist_names_close_ones_and_defines_nothing(cluster, rs):
+    reads = {"get": lambda: rs.value_state("seed-value").get("k"), "count": lambda: rs.map_state("seed-maps").count(),
+             "scan": lambda: list(rs.list_state("seed-lists").keys()), "get_many": lambda: rs.value_state("values").get_many([1, 2])}
+    for what, read in reads.items():
+        with pytest.raises(UnknownStateError) as info:
+            read()
+        assert type(info.value) is UnknownStateError, what
+        assert "did you mean 'seed-" in str(info.value) and "create=True" in str(info.value), (what, str(info.value))
+        assert info.value.data["matches"], what
+    check_serving_and_intact(cluster, rs)  # counts the states: none of the four was defined
 
 
 def test_unknown_state_in_one_group_writes_no_group(cluster, rs):
@@ -374,7 +387,7 @@ def test_unknown_state_in_one_group_writes_no_group(cluster, rs):
     key = encode_key(("unknown-state-case", 1))
     with Channel(node.address) as channel:
         epoch = rs.backend.table.epoch
-        with pytest.raises(UnknownStateError, match="unknown state 'no-such-state'") as info:
+        with pytest.raises(UnknownStateError, match="no state 'no-such-state'") as info:
             channel.call(p.Write(epoch=epoch, groups=[[a, [[PUT, "raw-target", key, b"\x01"]]],
                                                      [b, [[PUT, "no-such-state", key, b"\x01"]]]]))
         assert type(info.value) is UnknownStateError

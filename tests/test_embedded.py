@@ -18,6 +18,7 @@ from rockstate.errors import (
     StateKindError,
     StoreClosedError,
     StoreLockedError,
+    UnknownStateError,
 )
 from rockstate.keys import partition_of
 
@@ -48,7 +49,7 @@ def test_value_state_roundtrip_of_every_type(rs):
 
 
 def test_value_state_operations(rs):
-    s = rs.value_state("counts")
+    s = rs.value_state("counts", create=True)  # read before any write
     assert s.get("missing") is None
     assert s.get("missing", 7) == 7
     assert "a" not in s
@@ -63,6 +64,28 @@ def test_value_state_operations(rs):
     s.delete("a")
     s.delete_many(["b", "c", "nope"])
     assert dict(s.items()) == {"d": 4, 5: "five"}
+
+
+def test_a_state_is_defined_by_create_or_a_first_write_never_by_a_read(rs):
+    rs.value_state("q-1.count.clicks", create=True).put("ann", 3)  # as a query's operator names its state
+    clicks = rs.value_state("clicks")
+    with pytest.raises(UnknownStateError, match=r"no state 'clicks'; did you mean 'q-1.count.clicks'\? \(pass create=True") as info:
+        clicks.get("ann")
+    assert info.value.data["matches"] == ["q-1.count.clicks"]
+    for read in (lambda: clicks.get_many(["ann"]), clicks.count, lambda: list(clicks.items()), lambda: "ann" in clicks):
+        with pytest.raises(UnknownStateError):
+            read()
+    with pytest.raises(UnknownStateError):
+        list(rs.map_state("sessions").items("ann"))
+    assert set(rs.stats()["states"]) == {"q-1.count.clicks"}  # no read defined anything
+    assert rs.list_state("empty", create=True).get("ann") == []  # create=True: defined at once, reads answer empty
+    rs.map_state("sessions").put("ann", "s1", 1)  # a first write defines it
+    assert set(rs.stats()["states"]) == {"q-1.count.clicks", "empty", "sessions"}
+    other = rs.value_state("later")  # made before the state exists; another handle defines it
+    rs.value_state("later").put("k", 1)
+    assert other.get("k") == 1  # looked up again at its read
+    with pytest.raises(StateKindError):
+        rs.map_state("q-1.count.clicks")  # an existing state keeps its kind
 
 
 def test_keys_of_every_type_are_distinct(rs):
@@ -116,7 +139,7 @@ def test_map_keys_that_prefix_each_other_stay_apart(rs):
 
 
 def test_list_state(rs):
-    lst = rs.list_state("l")
+    lst = rs.list_state("l", create=True)
     assert lst.get("k") == []
     lst.append("k", 1)
     lst.append("k", "two")
@@ -205,7 +228,7 @@ def test_default_limit_is_16_mib(rs):
 
 
 def test_a_batch_with_one_bad_item_writes_nothing(rs):
-    s = rs.value_state("v")
+    s = rs.value_state("v", create=True)  # counted below, after writes that all fail
     with pytest.raises(InvalidValueError):
         s.put_many([(1, "ok"), (2, "ok"), (3, {1, 2})])
     with pytest.raises(InvalidKeyError):

@@ -242,7 +242,7 @@ def test_column_partitions_equal_key_partitions():
 
 
 def test_a_bad_item_in_a_batch_is_named_and_nothing_is_written(rs):
-    s = rs.value_state("bad-items")
+    s = rs.value_state("bad-items", create=True)  # read after writes that all fail
     keys = [f"key-{i}" for i in range(100_000)]
     values = list(range(100_000))
     values[73_456] = {1, 2}
@@ -261,7 +261,7 @@ def test_a_bad_item_in_a_batch_is_named_and_nothing_is_written(rs):
 
 
 def test_bad_batch_shapes_are_refused(embedded):
-    s = embedded.value_state("bad-shapes")
+    s = embedded.value_state("bad-shapes", create=True)
     with pytest.raises(InvalidInputError, match="3 keys but 2 values"):
         s.put_many([1, 2, 3], [1, 2])
     with pytest.raises(InvalidInputError, match="pairs"):

@@ -11,12 +11,12 @@ tuple key whose first elements are the given list): the scan reads partitions in
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import sys
 from typing import Any, Iterator
 
 from ..errors import ConfigError, UnknownStateError
+from ..store.catalog import close_matches
 from .common import Output, backend, human, json_default, output_of, print_json
 
 PAGE = 1000
@@ -64,8 +64,7 @@ def _handle(rs, name: str, states: dict):
     """The state's handle, of its own kind and TTL (so nothing is defined); UnknownStateError for a name it has not."""
     spec = states.get(name)
     if spec is None:
-        close = difflib.get_close_matches(name, list(states), n=3, cutoff=0.5)
-        close += [s for s in sorted(states) if s.endswith("." + name) and s not in close]  # a query's state by its short name
+        close = close_matches(name, states)
         known = close or sorted(states)[:10]
         raise UnknownStateError(f"the cluster has no state {name!r}; " + (
             f"{'did you mean' if close else 'it has'} {', '.join(map(repr, known))}" if known else "it has none yet")

@@ -125,7 +125,7 @@ def bulk_load(
     key_columns(df, keys)  # refuses key column types rockstate does not hash
     spec = as_spec(client)
     backend = backend_for(spec)
-    handle = (MapState if user_key is not None else ValueState)(backend, state, ttl)  # defines it, or checks kind and TTL
+    handle = (MapState if user_key is not None else ValueState)(backend, state, ttl, create=True)  # defines it, or checks kind and TTL
     P = backend.partitions
     if tasks is None:
         tasks = df.sparkSession.sparkContext.defaultParallelism

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import asdict, dataclass
-from typing import cast
+from typing import Iterable, cast
 
 from ..errors import InvalidInputError, InvalidNameError, StateKindError, UnknownStateError
 
@@ -24,8 +25,20 @@ def check_name(name: object, what: str = "state", internal: bool = False) -> str
     return cast(str, name)  # a str: its body is
 
 
-def unknown_state(name: object) -> UnknownStateError:
-    return UnknownStateError(f"unknown state {name!r}: create it first with value_state(), map_state() or list_state()")
+def close_matches(name: str, known: Iterable[str]) -> list[str]:
+    """The known names ``name`` may have meant: spelled alike, or a Spark query's state by its short name
+    (``<query id>.<operator>.<name>``). The system's own ('_') names are never offered."""
+    names = sorted(n for n in known if not n.startswith(RESERVED_PREFIX))
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+    return close + [n for n in names if n.endswith("." + name) and n not in close]
+
+
+def unknown_state(name: object, known: Iterable[str] = ()) -> UnknownStateError:
+    """A read of a state that does not exist, naming the close matches among ``known``."""
+    close = close_matches(name, known) if isinstance(name, str) else []
+    hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+    return UnknownStateError(f"no state {name!r}{hint} (pass create=True to value_state(), map_state() or list_state() "
+                             "to define it; a first write defines it too)", state=name, matches=close)
 
 
 @dataclass(frozen=True)

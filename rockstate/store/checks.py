@@ -37,7 +37,7 @@ def check_ops(ops: object, specs: dict[str, StateSpec], where: str,
             raise ProtocolError(f"state of op {i} of {where} must be a str, not {type(state).__name__}")
         spec = specs.get(state)
         if spec is None and not state.startswith(RESERVED_PREFIX):
-            raise unknown_state(state)
+            raise unknown_state(state, specs)
         if code in (PUT_MANY, DELETE_MANY):
             if type(key) is not list:
                 raise ProtocolError(f"key of op {i} of {where} (PUT_MANY/DELETE_MANY) must be a list of bytes, not {type(key).__name__}")

@@ -108,7 +108,7 @@ class Partition:
             if state in self._specs or state.startswith(RESERVED_PREFIX):
                 self.ensure_state(state)
                 return self._families[state]
-            raise unknown_state(state) from None
+            raise unknown_state(state, self._specs) from None
 
     def _open(self) -> Rdict:
         if self.db is None:

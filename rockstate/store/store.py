@@ -29,7 +29,7 @@ from ..errors import (
 )
 from ..files import read_json, write_json
 from . import requests
-from .catalog import StateSpec
+from .catalog import StateSpec, unknown_state
 from .checks import check_compare_and_set, check_ops
 from .partition import Partition
 from .resources import Resources
@@ -87,13 +87,16 @@ class Store:
 
     # -- states ----------------------------------------------------------
 
-    def define_state(self, spec: StateSpec) -> StateSpec:
-        """Create a state, or check that an existing one has the same kind and TTL."""
+    def define_state(self, spec: StateSpec, create: bool = True) -> StateSpec:
+        """Create a state, or check that an existing one has the same kind and TTL; ``create=False``: only
+        the check (UnknownStateError naming close matches if there is no such state)."""
         with self._mutex:
             existing = self.specs.get(spec.name)
             if existing is not None:
                 existing.check_same(spec)
                 return existing
+            if not create:
+                raise unknown_state(spec.name, self.specs)
             self.specs[spec.name] = spec
             write_json(self._catalog_path, {n: s.to_dict() for n, s in self.specs.items()})
             parts = list(self._parts.values())

@@ -94,7 +94,7 @@ def reference_changes(events: pd.DataFrame, files: int) -> list[pd.DataFrame]:
 
     with tempfile.TemporaryDirectory(prefix="rockstate-reference-") as path, open_store(path, partitions=4) as store:
         processor = LatestBySeq()
-        processor.init(SimpleNamespace(value_state=lambda name: _Columns(store.value_state(name))))
+        processor.init(SimpleNamespace(value_state=lambda name: _Columns(store.value_state(name, create=True))))
         return [processor.handle_batch(chunk(events, files, i).reset_index(drop=True)) for i in range(files)]
 
 

@@ -49,7 +49,7 @@ class Workload:
                 self.enter()
             process = self.first + index
             with self.cluster.connect(retry_timeout=self.timeout, timeout=self.timeout) as rs:
-                state = rs.value_state("register")
+                state = rs.value_state("register", create=True)  # read before any write
                 seen: dict = {}
                 serial = 0
                 while not self._stop.is_set():
@@ -122,6 +122,6 @@ class Workload:
 
 def read_back(rs, history: History, keys: list) -> None:
     """Every key read once more, into the history (process "final"): a lost write shows there."""
-    state = rs.value_state("register")
+    state = rs.value_state("register", create=True)
     for key in keys:
         history.ok(history.invoke("final", READ, key), state.get(key))

@@ -169,8 +169,8 @@ class ClusterBackend:
 
     # -- the Backend protocol --------------------------------------------------
 
-    def define_state(self, spec: StateSpec) -> StateSpec:
-        return StateSpec.from_dict(self._ask(p.DefineState(spec=spec.to_dict())))
+    def define_state(self, spec: StateSpec, create: bool = True) -> StateSpec:
+        return StateSpec.from_dict(self._ask(p.DefineState(spec=spec.to_dict(), create=create)))
 
     def write(self, ops_by_pid: dict[int, list]) -> None:
         request = requests.new_id()

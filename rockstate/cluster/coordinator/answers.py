@@ -41,14 +41,16 @@ class ClusterAnswers:
         self.figures = Figures(lambda: self.state.membership.alive(), peers.channel)  # shared by every reader of the status
 
     async def define_state(self, msg: p.DefineState, conn: Connection) -> dict:
-        return (await self.define(StateSpec.from_dict(msg.spec))).to_dict()
+        return (await self.define(StateSpec.from_dict(msg.spec), msg.create)).to_dict()
 
-    async def define(self, spec: StateSpec) -> StateSpec:
-        async with self.define_lock:  # a second definer answers once the first one's nodes know the state
+    async def define(self, spec: StateSpec, create: bool = True) -> StateSpec:
+        async with self.define_lock:  # a second definer (or a look-up) answers once the first one's nodes know the state
             existing = self.state.specs.get(spec.name)
             if existing is not None:
                 existing.check_same(spec)
                 return existing
+            if not create:
+                raise unknown_state(spec.name, self.state.specs)
             self.state.specs[spec.name] = spec
             await self._save()
             await self._broadcast(p.NodeDefineState(spec=spec.to_dict()))
@@ -59,7 +61,7 @@ class ClusterAnswers:
 
     async def count(self, msg: p.Count, conn: Connection) -> int:
         if msg.state not in self.state.specs:
-            raise unknown_state(msg.state)
+            raise unknown_state(msg.state, self.state.specs)
         self._owned()  # refuses (retryable) while a partition has no live owner: a partial count would look whole
         return sum(n for _, n in await self.peers.ask_all(self.state.membership.alive(), p.NodeCount(state=msg.state)))
 

@@ -48,8 +48,11 @@ class GetTable(Message):
 
 
 class DefineState(Message):
+    """Define a state (or check an existing one's kind and TTL); ``create=False``: only look it up."""
+
     op = "define_state"
     spec: dict
+    create: bool = True
 
 
 class ClusterStats(Message):
