@@ -141,6 +141,12 @@ class UnknownNodeError(ClusterError):
     code = "UNKNOWN_NODE"
 
 
+class MembershipChangeError(ClusterError):
+    """A drain, undrain or removal the member's state does not allow (it says what to do first)."""
+
+    code = "MEMBERSHIP_CHANGE"
+
+
 class NotOwnerError(ClusterError):
     """The node does not own the partition (or the request's table epoch is stale)."""
 

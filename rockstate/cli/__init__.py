@@ -1,4 +1,5 @@
-"""The ``rockstate`` command: coordinator, node, status, states, get, scan, drain, checkpoint, savepoint, demo.
+"""The ``rockstate`` command: coordinator, node, status, states, get, scan, drain, undrain, remove, checkpoint, savepoint,
+demo.
 
 Conventions (docs/operations.md, "The command line"):
 
@@ -13,7 +14,7 @@ Conventions (docs/operations.md, "The command line"):
   2 an error (``status``: unavailable, or the coordinator could not be asked), 64 a usage error.
 
 One module per command group: ``servers`` (coordinator, node, demo), ``status``, ``data`` (states,
-get, scan), ``members`` (drain), ``checkpoints`` (checkpoint, savepoint); ``common`` what they share.
+get, scan), ``members`` (drain, undrain, remove), ``checkpoints`` (checkpoint, savepoint); ``common`` what they share.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from ..errors import ConfigError, RockstateError
 from .checkpoints import cmd_checkpoint, cmd_savepoint
 from .common import DEFAULT_COORDINATOR, human, parse_size
 from .data import cmd_get, cmd_scan, cmd_states
-from .members import cmd_drain
+from .members import cmd_drain, cmd_remove, cmd_undrain
 from .servers import COORDINATOR_WAIT, add_fields, cmd_coordinator, cmd_demo, cmd_node
 from .status import EVENTS_SHOWN, cmd_status
 
@@ -138,10 +139,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(*KEY_TYPE[0], **KEY_TYPE[1])
     p.set_defaults(func=cmd_scan, _parser=p)
 
-    p = sub.add_parser("drain", parents=[client], help="move every partition off NODE (a graceful leave from here); then stop its process")
-    p.add_argument("node", help="the node's id (rockstate status lists them)")
-    p.add_argument("--timeout", type=float, default=None, help="seconds to wait for the moves (default 600)")
-    p.set_defaults(func=cmd_drain, _parser=p)
+    for name, func, text in (
+            ("drain", cmd_drain, "move every partition off NODE; it gets none again until undrained"),
+            ("undrain", cmd_undrain, "a drained NODE takes partitions again"),
+            ("remove", cmd_remove, "forget NODE for good: dead, left, or drained and stopped, holding no partition")):
+        p = sub.add_parser(name, parents=[client], help=text)
+        p.add_argument("node", help="the node's id (rockstate status lists them)")
+        p.add_argument("--timeout", type=float, default=None, help="seconds to wait for the moves (default 600)")
+        p.set_defaults(func=func, _parser=p)
 
     checkpoint_id = (("id",), {"nargs": "?", "type": int, "help": "checkpoint id (default: the latest completed)"})
     _actions(sub, "checkpoint", "trigger, list, inspect or restore the cluster's checkpoints", client, {
@@ -224,7 +229,7 @@ def _resolve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argpa
         args.limit = 100
     if getattr(args, "key_type", None) is None:
         args.key_type = "str"
-    if getattr(args, "timeout", None) is None and args.command == "drain":
+    if getattr(args, "timeout", None) is None and args.command in ("drain", "undrain", "remove"):
         args.timeout = 600.0
     return args
 

@@ -1,12 +1,12 @@
-"""``rockstate drain NODE``: move a node's partitions to the others, from anywhere (the coordinator's Leave).
+"""``rockstate drain NODE``, ``undrain NODE``, ``remove NODE``: who is in the cluster, changed from anywhere.
 
-The coordinator's ``Leave`` moves every partition (primaries and backups) off the node, marks it
-``left`` and answers once they have moved; it is what a node sends itself on SIGTERM. Sent by
-the CLI for another node, the node's process keeps running: its next heartbeat is refused (it
-is no member any more) and it joins again as a new member with an empty share, so the cluster
-rebalances onto it. ``drain`` therefore says to stop the node's process right after (SIGTERM then
-moves nothing more). There is no ``rockstate remove NODE`` (forget a dead member): the coordinator
-has no request for it yet and keeps dead members in its membership until they return.
+``drain`` is the coordinator's ``Leave`` with ``drain``: every partition (primaries and backups) moves
+off the node, which then stays a member, ``drained``: heard, shown, never given partitions or backups
+again (a later rebalance, its restart, the coordinator's restart) until ``undrain``. Its process may
+keep running; SIGTERM then moves nothing. ``remove`` forgets a member for good: a dead one whose
+partitions were promoted or restored elsewhere, a left one, or a drained one whose process stopped;
+the coordinator refuses (``MembershipChangeError``, saying what to do first) a live node, a drained
+one still running, and one that still holds partitions. The rules are ``control/membership.py``'s.
 """
 
 from __future__ import annotations
@@ -14,29 +14,45 @@ from __future__ import annotations
 import argparse
 import time
 
-from ..errors import ConfigError
 from .common import Output, backend, output_of, print_json
+
+
+def _ask(args: argparse.Namespace, msg: object) -> tuple[dict, float]:
+    client = backend(args)
+    started = time.monotonic()
+    try:
+        answer = client._coordinator.call(msg, timeout=args.timeout)
+    finally:
+        client.close()
+    return answer or {}, time.monotonic() - started
 
 
 def cmd_drain(args: argparse.Namespace) -> None:
     from ..cluster import protocol as p
 
-    client = backend(args)
-    try:
-        nodes = {n["node_id"]: n for n in client.status()["nodes"]}
-        node = nodes.get(args.node)
-        if node is None:
-            raise ConfigError(f"the cluster has no node {args.node!r}; its nodes are {', '.join(sorted(nodes)) or 'none'}")
-        if node["status"] != "alive":
-            raise ConfigError(f"node {args.node} is {node['status']}: only a live node can be drained")
-        started = time.monotonic()
-        answer = client._coordinator.call(p.Leave(node_id=args.node), timeout=args.timeout)
-    finally:
-        client.close()
-    moved = (answer or {}).get("moved", 0)
-    seconds = time.monotonic() - started
+    answer, seconds = _ask(args, p.Leave(node_id=args.node, drain=True))
+    moved = answer.get("moved", 0)
     if output_of(args) == "json":
         return print_json({"node": args.node, "moved": moved, "seconds": round(seconds, 3)})
-    Output(args).line(f"drained {args.node}: {moved} partition move(s) in {seconds:.1f} s; it holds no partition now. "
-                      f"Stop its process now (SIGTERM): left running, it joins again and is given a share back.")
+    Output(args).line(f"drained {args.node}: {moved} partition move(s) in {seconds:.1f} s; it holds no partition and gets "
+                      f"none until `rockstate undrain {args.node}`. Its process may be stopped (or removed for good: "
+                      f"stop it, then `rockstate remove {args.node}`).")
 
+
+def cmd_undrain(args: argparse.Namespace) -> None:
+    from ..cluster import protocol as p
+
+    answer, seconds = _ask(args, p.Undrain(node_id=args.node))
+    moved = answer.get("moved", 0)
+    if output_of(args) == "json":
+        return print_json({"node": args.node, "moved": moved, "seconds": round(seconds, 3)})
+    Output(args).line(f"undrained {args.node}: it takes partitions again ({moved} partition move(s) in {seconds:.1f} s)")
+
+
+def cmd_remove(args: argparse.Namespace) -> None:
+    from ..cluster import protocol as p
+
+    answer, _ = _ask(args, p.RemoveMember(node_id=args.node))
+    if output_of(args) == "json":
+        return print_json(answer)
+    Output(args).line(f"removed {answer['node']} (it was {answer['was']}): it is no member any more")

@@ -27,7 +27,7 @@ from ..errors import ConfigError, RockstateError
 from .common import Output, backend, coordinator_of, human, output_of, print_json
 
 STYLE = {"healthy": "bold green", "degraded": "bold yellow", "unavailable": "bold red"}
-NODE_ORDER = ("alive", "suspect", "leaving", "dead", "left")
+NODE_ORDER = ("alive", "suspect", "leaving", "drained", "dead", "left")
 EVENTS_SHOWN = 20
 
 

@@ -7,7 +7,7 @@ One pure function, ``summarize``, shared by ``rockstate status`` (its exit code)
   coordinator leads, or the coordinator cannot be asked at all (``unreachable``);
 - **degraded** (exit 1, HTTP 200 with ``"verdict": "degraded"``): partitions short of in-sync backups (fewer
   backups than ``backup_count``, one catching up, or waiting for the election of a new primary), failovers
-  in flight, a node in a state other than alive, leaving, left or dead (a "suspect" one);
+  in flight, a node in a state other than alive, leaving, left, drained or dead (a "suspect" one);
 - **healthy** (exit 0, HTTP 200): none of these.
 
 A dead node is shown, but does not make the cluster degraded by itself: once its partitions were
@@ -50,7 +50,7 @@ def summarize(status: dict) -> dict:
         weak.append(f"{len(short)} partitions short of in-sync backups")
     if failovers:
         weak.append(f"failover of {', '.join(map(str, failovers))} in flight")
-    odd = {s: c for s, c in by_state.items() if s not in ("alive", "leaving", "left", "dead")}
+    odd = {s: c for s, c in by_state.items() if s not in ("alive", "leaving", "left", "dead", "drained")}
     if odd:
         weak.append(", ".join(f"{c} node(s) {s}" for s, c in sorted(odd.items())))
     verdict = "unavailable" if down else "degraded" if weak else "healthy"

@@ -10,6 +10,9 @@ States of one member::
                    │                               └── leave_failed() ──▶ DEAD
                    │  └── leave(others=False): the last node ──▶ DEAD
                    └──────────────── register() ◀── LEFT (a new start)
+    ALIVE ── leave(drain=True) ──▶ LEAVING ── left() ──▶ DRAINED ── undrain() ──▶ ALIVE
+                                     └── leave_failed() ──▶ ALIVE (a drain's node still runs)
+    DEAD, LEFT, DRAINED (silent) ── remove() ──▶ forgotten
 
 - ``register(node_id, address, now)``: a new id (``node-N``) when the node
   has none or is unknown under it; answers the id and whether it joined
@@ -40,6 +43,20 @@ States of one member::
   table (its partitions move off it) but is not a target. ``leave_failed``:
   its partitions could not all move off it; it exits all the same, so it is
   DEAD (what stayed on it goes to its backups or the checkpoint).
+- ``leave(drain=True)``: a drain, asked by an operator for a node that keeps
+  running: it ends DRAINED, not LEFT. A DRAINED member is heard (heartbeats,
+  a registration after its restart or the coordinator's) but never a target
+  of partitions or backups, whatever rebalances, until ``undrain`` (only
+  while it is heard: a silent one would be declared dead at once); it never
+  expires (it holds nothing). Its own leave as its process stops moves
+  nothing (``stopped`` until heard again). A drain that fails leaves it
+  ALIVE: it still serves what did not move.
+- ``remove(node_id, now, holds)``: forget a member for good. Refused
+  (``MembershipChangeError``) for an ALIVE or LEAVING member (drain it
+  first), a DRAINED one whose process runs (heard within the timeout and
+  not stopped: it would only come back), and one that still ``holds``
+  partitions (a dead node's not yet promoted or restored elsewhere: they
+  would be lost).
 
 A restarted coordinator loads the members with ``last_seen`` = now, giving
 each a whole timeout to check in.
@@ -50,7 +67,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from ..errors import UnknownNodeError
+from ..errors import MembershipChangeError, UnknownNodeError
 
 
 SUSPECT_FRACTION = 3  # suspect after heartbeat_timeout / 3 of silence (dead after all of it)
@@ -62,6 +79,7 @@ class MemberStatus(StrEnum):
     DEAD = "dead"
     LEAVING = "leaving"
     LEFT = "left"
+    DRAINED = "drained"
 
 
 @dataclass
@@ -71,6 +89,8 @@ class Member:
     status: MemberStatus = MemberStatus.ALIVE
     last_seen: float = 0.0  # monotonic
     suspect: bool = False  # ALIVE and silent for longer than suspect_after (Membership.suspects)
+    drain: bool = False  # LEAVING for a drain: it ends DRAINED (kept with the record, as the status is)
+    stopped: bool = False  # DRAINED and said it stops (its own leave), not heard since
     # the checkpoint storage URL its registration answered ("": none; None: not known, a record older than this field).
     # A node learns the storage only when it registers: one registered before the storage was set cannot checkpoint
     checkpoint_url: str | None = None
@@ -96,13 +116,15 @@ class Membership:
 
     @classmethod
     def from_wire(cls, heartbeat_timeout: float, saved: dict, now: float) -> "Membership":
-        members = {nid: Member(nid, m["address"], MemberStatus(m["status"]), now, checkpoint_url=m.get("checkpoint_url"))
+        members = {nid: Member(nid, m["address"], MemberStatus(m["status"]), now, checkpoint_url=m.get("checkpoint_url"),
+                               drain=m.get("drain", False))
                    for nid, m in saved.get("members", {}).items()}
         return cls(heartbeat_timeout, members, saved.get("next_id", 1))
 
     def to_wire(self) -> dict:
         return {"members": {m.node_id: {"address": m.address, "status": str(m.status),
-                                        **({} if m.checkpoint_url is None else {"checkpoint_url": m.checkpoint_url})}
+                                        **({} if m.checkpoint_url is None else {"checkpoint_url": m.checkpoint_url}),
+                                        **({"drain": True} if m.drain else {})}
                             for m in self.members.values()},
                 "next_id": self.next_id}
 
@@ -134,7 +156,9 @@ class Membership:
             node_id = f"node-{self.next_id}"
             self.next_id += 1
         member = self.members.setdefault(node_id, Member(node_id, address))
-        member.address, member.status, member.last_seen = address, MemberStatus.ALIVE, now
+        member.address, member.last_seen = address, now
+        if member.status is not MemberStatus.DRAINED:  # a drained node stays drained across its restarts
+            member.status = MemberStatus.ALIVE
         self._heard(member)
         return node_id, joined
 
@@ -150,6 +174,7 @@ class Membership:
         return returned
 
     def _heard(self, member: Member) -> None:
+        member.stopped = False
         if member.suspect:
             member.suspect = False
             self._recovered.append(member)
@@ -184,19 +209,62 @@ class Membership:
         """Every live member has been heard from since ``started`` (a restarted coordinator waits for it)."""
         return all(m.last_seen > started for m in self.alive())
 
-    def leave(self, node_id: str) -> bool:
-        """A graceful leave begins; False when no other node is alive to take its partitions (it is DEAD then)."""
+    def leave(self, node_id: str, drain: bool = False) -> bool:
+        """A graceful leave (``drain``: a drain) begins; False when nothing moves: a DRAINED node stopping (it holds
+        nothing and stays DRAINED), or no other node is alive to take its partitions (a leaving one is DEAD then:
+        they wait on its disk for its return; a drain is refused)."""
         member = self.members.get(node_id)
         if member is None:
             raise UnknownNodeError(f"node {node_id} is not a member")
-        if not any(m.node_id != node_id for m in self.alive()):
-            member.status = MemberStatus.DEAD  # its partitions wait on its disk for its return
+        if member.status is MemberStatus.DRAINED and not drain:
+            member.stopped = True
             return False
-        member.status = MemberStatus.LEAVING
+        if drain and member.status is not MemberStatus.ALIVE:
+            raise MembershipChangeError(f"node {node_id} is {member.shown}: only a live node can be drained")
+        if not any(m.node_id != node_id for m in self.alive()):
+            if drain:
+                raise MembershipChangeError(f"node {node_id} is the only live node: no other node could take its partitions")
+            member.status = MemberStatus.DEAD
+            return False
+        member.status, member.drain = MemberStatus.LEAVING, drain
         return True
 
     def left(self, node_id: str) -> None:
-        self.members[node_id].status = MemberStatus.LEFT
+        member = self.members[node_id]
+        member.status, member.drain = MemberStatus.DRAINED if member.drain else MemberStatus.LEFT, False
 
     def leave_failed(self, node_id: str) -> None:
-        self.members[node_id].status = MemberStatus.DEAD
+        member = self.members[node_id]
+        member.status, member.drain = MemberStatus.ALIVE if member.drain else MemberStatus.DEAD, False
+
+    def undrain(self, node_id: str, now: float) -> None:
+        """A DRAINED member heard within the timeout becomes a target of partitions again."""
+        member = self._known(node_id)
+        if member.status is not MemberStatus.DRAINED:
+            raise MembershipChangeError(f"node {node_id} is {member.shown}, not drained")
+        if now - member.last_seen > self.heartbeat_timeout:
+            raise MembershipChangeError(f"node {node_id} is drained and silent for {now - member.last_seen:.0f} s: "
+                                        "start its process, then undrain it")
+        member.status = MemberStatus.ALIVE
+
+    def remove(self, node_id: str, now: float, holds: list[int]) -> Member:
+        """Forget a member that is gone and holds nothing (see the module's docstring); answers it."""
+        member = self._known(node_id)
+        if member.status in (MemberStatus.ALIVE, MemberStatus.LEAVING):
+            raise MembershipChangeError(f"node {node_id} is {member.shown}: drain it first (rockstate drain {node_id}), "
+                                        "stop its process, then remove it")
+        if member.status is MemberStatus.DRAINED and not member.stopped and now - member.last_seen <= self.heartbeat_timeout:
+            raise MembershipChangeError(f"node {node_id} is drained but its process still runs (heard "
+                                        f"{now - member.last_seen:.1f} s ago): stop it first, or it would only come back")
+        if holds:
+            raise MembershipChangeError(
+                f"node {node_id} is {member.shown} and still holds {len(holds)} partition(s) ({', '.join(map(str, holds[:8]))}"
+                f"{', ...' if len(holds) > 8 else ''}) that no replica or checkpoint has taken over yet: removing it would "
+                "lose them; bring it back, or wait for their promotion or restore", partitions=holds[:64])
+        return self.members.pop(node_id)
+
+    def _known(self, node_id: str) -> Member:
+        member = self.members.get(node_id)
+        if member is None:
+            raise UnknownNodeError(f"the cluster has no node {node_id!r}; its nodes are {', '.join(sorted(self.members)) or 'none'}")
+        return member

@@ -3,7 +3,7 @@
 import pytest
 
 from rockstate.control.membership import Membership, MemberStatus
-from rockstate.errors import UnknownNodeError
+from rockstate.errors import MembershipChangeError, UnknownNodeError
 
 A, B = "10.0.0.1:7701", "10.0.0.2:7701"
 
@@ -61,6 +61,75 @@ def test_a_leave_whose_partitions_could_not_all_move_ends_dead():
     ms.leave_failed("node-1")
     assert ms["node-1"].status is MemberStatus.DEAD and not ms.serving("node-1")
     assert ms.heartbeat("node-1", 1.0) is True  # a late heartbeat is a return, as after any death
+
+
+def test_a_drained_member_stays_drained_until_undrained():
+    ms = Membership(heartbeat_timeout=5.0)
+    for address in (A, B):
+        ms.register(None, address, 0.0)
+    assert ms.leave("node-2", drain=True) is True and ms["node-2"].status is MemberStatus.LEAVING
+    ms.left("node-2")
+    assert ms["node-2"].status is MemberStatus.DRAINED and ms.statuses()["node-2"] is MemberStatus.DRAINED
+    assert [m.node_id for m in ms.alive()] == ["node-1"] and not ms.serving("node-2")  # no target, holds nothing
+    assert ms.heartbeat("node-2", 1.0) is False and ms["node-2"].status is MemberStatus.DRAINED  # heard, not refused
+    assert ms.register("node-2", B, 2.0) == ("node-2", False) and ms["node-2"].status is MemberStatus.DRAINED  # its restart
+    again = Membership.from_wire(5.0, ms.to_wire(), now=3.0)  # the coordinator's restart
+    assert again["node-2"].status is MemberStatus.DRAINED
+    assert again.expire(100.0) == [again["node-1"]] and again["node-2"].status is MemberStatus.DRAINED  # never expires
+    assert ms.leave("node-2") is False and ms["node-2"].status is MemberStatus.DRAINED  # its own stop moves nothing
+    with pytest.raises(MembershipChangeError, match="node-1 is alive, not drained"):
+        ms.undrain("node-1", 3.0)
+    with pytest.raises(MembershipChangeError, match="silent for 18 s: start its process"):
+        ms.undrain("node-2", 20.0)
+    ms.heartbeat("node-2", 21.0)
+    ms.undrain("node-2", 21.5)
+    assert ms["node-2"].status is MemberStatus.ALIVE
+
+
+def test_a_drain_needs_a_live_node_and_another_to_take_its_partitions_and_may_fail_back_to_alive():
+    ms = Membership(heartbeat_timeout=5.0)
+    ms.register(None, A, 0.0)
+    with pytest.raises(MembershipChangeError, match="only live node"):
+        ms.leave("node-1", drain=True)
+    assert ms["node-1"].status is MemberStatus.ALIVE
+    ms.register(None, B, 0.0)
+    ms.expire(3.0)
+    ms.heartbeat("node-1", 5.5)
+    assert ms.expire(5.5) == [ms["node-2"]]
+    with pytest.raises(MembershipChangeError, match="node-2 is dead: only a live node can be drained"):
+        ms.leave("node-2", drain=True)
+    ms.heartbeat("node-2", 5.6)
+    assert ms.leave("node-2", drain=True) is True
+    ms.leave_failed("node-2")  # its process still runs and serves what did not move
+    assert ms["node-2"].status is MemberStatus.ALIVE and not ms["node-2"].drain
+
+
+def test_remove_forgets_only_a_member_that_is_gone_and_holds_nothing():
+    ms = Membership(heartbeat_timeout=5.0)
+    for address in (A, B, "10.0.0.3:7701", "10.0.0.4:7701"):
+        ms.register(None, address, 0.0)
+    with pytest.raises(MembershipChangeError, match=r"node-1 is alive: drain it first \(rockstate drain node-1\)"):
+        ms.remove("node-1", 1.0, [])
+    with pytest.raises(UnknownNodeError, match="has no node 'node-9'; its nodes are node-1, node-2, node-3, node-4"):
+        ms.remove("node-9", 1.0, [])
+    ms.leave("node-2", drain=True)
+    ms.left("node-2")
+    with pytest.raises(MembershipChangeError, match="drained but its process still runs"):
+        ms.remove("node-2", 1.0, [])
+    ms.leave("node-2")  # it stops: its own leave
+    assert ms.remove("node-2", 1.5, []).node_id == "node-2" and "node-2" not in ms.members
+    ms.leave("node-3", drain=True)
+    ms.left("node-3")
+    assert ms.remove("node-3", 6.0, []).status is MemberStatus.DRAINED  # killed: silent for the timeout
+    ms.expire(3.0)
+    ms.heartbeat("node-1", 5.5)
+    assert ms.expire(5.5) == [ms["node-4"]]
+    with pytest.raises(MembershipChangeError, match=r"node-4 is dead and still holds 2 partition\(s\) \(3, 5\)") as info:
+        ms.remove("node-4", 7.0, [3, 5])
+    assert info.value.data["partitions"] == [3, 5]
+    ms.remove("node-4", 7.0, [])  # its partitions promoted or restored elsewhere
+    assert sorted(ms.members) == ["node-1"]
+    assert ms.register(None, A, 8.0) == ("node-5", True)  # ids are never reused
 
 
 def test_the_members_survive_a_restart_with_a_fresh_timeout():

@@ -66,6 +66,8 @@ def test_a_client_reads_and_writes_with_either_client_secret(cluster):
 @pytest.mark.parametrize("target, message", [
     ("coordinator", p.RestoreCluster()),
     ("coordinator", Raw(op="leave", node_id="node-1")),
+    ("coordinator", p.Undrain(node_id="node-1")),
+    ("coordinator", p.RemoveMember(node_id="node-1")),
     ("coordinator", Raw(op="register", address="127.0.0.1:1", node_id="node-1")),
     ("coordinator", Raw(op="heartbeat", node_id="node-1", epoch=1)),
     ("node", p.MoveCopy(partition=0)),

@@ -14,6 +14,7 @@ import time
 from typing import Any, Awaitable, Callable, Coroutine
 
 from ...config import CoordinatorConfig
+from ...control.membership import MemberStatus
 from ...errors import PartitionUnavailableError, RockstateError
 from ...retry import Retry
 from ...rpc.server import Connection
@@ -121,8 +122,12 @@ class MemberHandlers:
             await self.peers.channel(node_id).call(p.ApplyTable(table=self.state.table.to_wire()))
 
     async def leave(self, msg: p.Leave, conn: Connection) -> dict:
-        if not self.state.membership.leave(msg.node_id):  # nobody to take its partitions: they wait on its disk for its return
-            self._event("member_stopped", node=msg.node_id, reason="last node; partitions stay on its disk")
+        """A node leaving as it stops, or drained by an operator (``msg.drain``: it keeps running and gets nothing)."""
+        membership = self.state.membership
+        if not membership.leave(msg.node_id, msg.drain):  # nothing moves: drained already, or nobody to take its partitions
+            drained = membership[msg.node_id].status is MemberStatus.DRAINED
+            self._event("member_stopped", node=msg.node_id,
+                        reason="drained: holds nothing" if drained else "last node; partitions stay on its disk")
             await self._save()
             return {"moved": 0}
         moved = []
@@ -139,17 +144,38 @@ class MemberHandlers:
         try:
             await LEAVE_RETRY.acall(round_of_moves)
         except (RockstateError, OSError) as e:
-            # it exits all the same: what did not move goes to its backups or the checkpoint, as for a death
-            self.state.membership.leave_failed(msg.node_id)
-            await self._declare_dead(msg.node_id, reason=f"its partitions could not all move off it: {e}")
+            membership.leave_failed(msg.node_id)
+            if msg.drain:  # it still runs and serves what did not move; a rebalance spreads partitions back onto it
+                self._event("member_drain_failed", node=msg.node_id, reason=str(e))
+                await self._save()
+                self._spawn(self._rebalance())
+            else:  # it exits all the same: what did not move goes to its backups or the checkpoint, as for a death
+                await self._declare_dead(msg.node_id, reason=f"its partitions could not all move off it: {e}")
             raise
         await self.replicas.moved_off(msg.node_id)  # never fewer in-sync replicas than configured while it leaves
-        self.state.membership.left(msg.node_id)
-        self._event("member_left", node=msg.node_id)
+        membership.left(msg.node_id)
+        self._event("member_drained" if msg.drain else "member_left", node=msg.node_id, moved=sum(moved))
         await self._save()
         # its backup copies go with it: left in an in-sync set, primaries would wait for it and a promotion would ask it
         await self.replicas.members_dead([msg.node_id])
         return {"moved": sum(moved)}
+
+    async def undrain(self, msg: p.Undrain, conn: Connection) -> dict:
+        self.state.membership.undrain(msg.node_id, time.monotonic())
+        self._event("member_undrained", node=msg.node_id)
+        await self._save()
+        return {"moved": await self._rebalance()}
+
+    async def remove(self, msg: p.RemoveMember, conn: Connection) -> dict:
+        """Forget a member that is gone and holds nothing (``Membership.remove`` says when it may not)."""
+        state = self.state
+        table = state.table  # a dead node's partitions being restored (a failover) are still its own here
+        held = [pid for pid in range(table.partitions) if table.owners[pid] == msg.node_id or msg.node_id in table.backups_of(pid)]
+        member = state.membership.remove(msg.node_id, time.monotonic(), held)
+        self.replicas.zones.pop(msg.node_id, None)  # (the table drops its address with its next change)
+        self._event("member_removed", node=member.node_id, address=member.address, was=str(member.status))
+        await self._save()
+        return {"node": member.node_id, "was": str(member.status)}
 
     def _holds_primaries(self, node_id: str) -> bool:
         return node_id in self.state.table.owners or (self.replicas.enabled and node_id in self.replicas.owners())

@@ -109,6 +109,8 @@ class Coordinator:
             p.Register: members.register,
             p.Heartbeat: members.heartbeat,
             p.Leave: members.leave,
+            p.Undrain: members.undrain,
+            p.RemoveMember: members.remove,
             p.GetTable: answers.get_table,
             p.DefineState: answers.define_state,
             p.ClusterStats: answers.cluster_stats,

@@ -36,9 +36,27 @@ class Heartbeat(Ranged, Message):
 
 
 class Leave(Ranged, Message):
-    """A node leaves gracefully: its partitions move away first; answers when they have."""
+    """A node leaves gracefully: its partitions move away first; answers when they have. ``drain``: an operator's
+    drain of a node that keeps running: it stays a member that gets no partitions until ``Undrain``."""
 
     op = "leave"
+    names = {"node_id": "node id"}
+    node_id: str
+    drain: bool = False
+
+
+class Undrain(Ranged, Message):
+    """A drained node gets partitions again."""
+
+    op = "undrain"
+    names = {"node_id": "node id"}
+    node_id: str
+
+
+class RemoveMember(Ranged, Message):
+    """Forget a member that is gone (dead, left, or drained and stopped) and holds no partition."""
+
+    op = "remove_member"
     names = {"node_id": "node id"}
     node_id: str
 

@@ -30,8 +30,8 @@ ROLES: dict[type[Message], frozenset[str]] = {
     c.DefineState: CLIENTS, c.PipelineProgress: CLIENTS, c.TriggerCheckpoint: CLIENTS, c.CreateSavepoint: CLIENTS,
     # the coordinator: nodes only
     c.Register: NODES, c.Heartbeat: NODES, c.ReplicaReport: NODES,
-    # the coordinator: a node leaves by itself; an administrator may make one leave
-    c.Leave: NODES | ADMINS,
+    # the coordinator: a node leaves by itself; an administrator may make one leave (drain it), undrain or remove it
+    c.Leave: NODES | ADMINS, c.Undrain: ADMINS, c.RemoveMember: ADMINS,
     # the coordinator: administrators only
     c.RestoreCluster: ADMINS,
     # a node: data
