@@ -16,25 +16,18 @@ import sys
 from typing import Any, Iterator
 
 from ..errors import ConfigError, UnknownStateError
-from ..store.catalog import close_matches
+from ..store.catalog import close_matches, state_rows
 from .common import Output, backend, human, json_default, output_of, print_json
 
 PAGE = 1000
 
 
-def owner_of(name: str) -> tuple[str, str]:
-    """A Spark query's state is ``<query id>.<operator>.<state>``: (query, operator), or ("", "")."""
-    parts = name.split(".")
-    return (parts[0], parts[1]) if len(parts) >= 3 else ("", "")
-
-
 def cmd_states(args: argparse.Namespace) -> None:
     client = backend(args)
     try:
-        states = client.stats()["states"]
+        rows = state_rows(client.stats()["states"])  # the status page's rows too
     finally:
         client.close()
-    rows = [{"name": n, **s, "query": owner_of(n)[0] or None, "operator": owner_of(n)[1] or None} for n, s in sorted(states.items())]
     if output_of(args) == "json":
         return print_json(rows)
     Output(args).table(("name", "kind", "ttl", "keys", "bytes", "query", "operator"), [

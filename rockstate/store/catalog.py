@@ -71,3 +71,16 @@ class StateSpec:
                 f"state {self.name!r} is a {self.kind} state (ttl={self.ttl}); "
                 f"it cannot be opened as a {other.kind} state (ttl={other.ttl})"
             )
+
+
+def state_rows(states: dict[str, dict]) -> list[dict]:
+    """``rs.stats()``'s states as rows by name: name, kind, TTL, keys, bytes, and the Spark query and operator a
+    query's state belongs to (it is named ``<query id>.<operator>.<state>``; None for others). ``rockstate states``
+    and the status page both list them so."""
+    rows = []
+    for name, row in sorted(states.items()):
+        parts = name.split(".")
+        query, operator = (parts[0], parts[1]) if len(parts) >= 3 else (None, None)
+        rows.append({"name": name, "kind": row["kind"], "ttl": row["ttl"], "keys": row["keys"], "bytes": row["bytes"],
+                     "query": query, "operator": operator})
+    return rows

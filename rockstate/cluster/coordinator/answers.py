@@ -20,7 +20,8 @@ from .checkpoints import ClusterCheckpoints
 from .metrics import CoordinatorMetrics
 from .peers import Peers
 from .state import ClusterState, limits
-from .web.status import Figures, cluster_status, table_status
+from .web.load import SAMPLE_EVERY, LoadHistory
+from .web.status import FIGURES_EVERY, FIGURES_TIMEOUT, SIZES_EVERY, SIZES_TIMEOUT, Asked, cluster_status, sizes, table_status
 from .. import protocol as p
 from ..replication.in_sync import ReplicaControl
 
@@ -38,7 +39,17 @@ class ClusterAnswers:
         self._checkpoints, self._owned, self._broadcast = checkpoints, owned, broadcast
         self._save, self._coordinators = save, coordinators
         self.define_lock = asyncio.Lock()  # states are defined one at a time
-        self.figures = Figures(lambda: self.state.membership.alive(), peers.channel)  # shared by every reader of the status
+        # shared by every reader of the status; each node's figures also feed its load history (web/load.py)
+        self.load = LoadHistory()
+        alive = lambda: self.state.membership.alive()  # the membership is replaced when a record is taken up
+        self.figures = Asked(alive, peers.channel, p.NodeFigures, every=FIGURES_EVERY,
+                             timeout=FIGURES_TIMEOUT, answered=self.load.record)
+        self.sizes = Asked(alive, peers.channel, p.NodeStats, every=SIZES_EVERY, timeout=SIZES_TIMEOUT)
+
+    async def sample_load(self) -> None:
+        """The leader's task: the nodes' figures every SAMPLE_EVERY seconds, so the page's graphs of their load cover
+        the minutes before anyone opened it. (Not their sizes: those read every entry, asked only while read.)"""
+        await self.figures.keep_fresh(SAMPLE_EVERY)
 
     async def define_state(self, msg: p.DefineState, conn: Connection) -> dict:
         return (await self.define(StateSpec.from_dict(msg.spec), msg.create)).to_dict()
@@ -86,12 +97,21 @@ class ClusterAnswers:
         events = state.events.latest(1000)
         checkpoints = self._checkpoints()
         history = checkpoints.history() if checkpoints is not None else []
+        self.sizes.refresh()  # in the background: the document shows the last answers
+        asked = self.sizes.by_node
+        stats = None if self.sizes.at == float("-inf") else sizes(
+            merge_stats(state.specs, [(n, a) for n, a in asked.items() if a is not None]), state.table.partitions,
+            time.monotonic() - self.sizes.at)
         return cluster_status(
-            status, figures, events, states=len(state.specs), coordinators=await self._coordinators(),
+            status, figures, events, states=len(state.specs), sizes=stats, coordinators=await self._coordinators(),
             failovers=state.failovers, backup_count=self.config.backup_count, replication=self.config.replication,
             replicas=self.replicas.status() if self.replicas.enabled else [], pipelines=state.pipelines.values(),
             checkpoints=None if checkpoints is None else {
                 "url": checkpoints.config.url, "latest": checkpoints.latest(), "history": history})
+
+    def load_document(self) -> dict:
+        """Each member's throughput and latency over the last minutes (web/load.py)."""
+        return self.load.document(time.monotonic(), self.state.membership.members)
 
     async def events_after(self, msg: p.Events, conn: Connection) -> list:
         return await self.state.events.wait_after(msg.after, msg.wait)

@@ -35,6 +35,7 @@ from .web import StatusServer
 from .. import datadir, protocol as p
 from .answers import ClusterAnswers
 from .checkpoints import ClusterCheckpoints
+from .events import KEEP
 from .leadership import Election, Leading
 from .membership import MemberHandlers
 from .metrics import CoordinatorMetrics
@@ -98,7 +99,8 @@ class Coordinator:
                                       coordinators=self.leading.coordinators)
         self._load(self.persistence.load() if election is None else {})
         self.web = StatusServer(self.security, self.metrics.registry, leading=lambda: self.leading.leading,
-                                status=self.answers.document, coordinators=self.leading.coordinators)
+                                status=self.answers.document, coordinators=self.leading.coordinators,
+                                events=lambda: self.state.events.latest(KEEP), load=self.answers.load_document)
         self.server = Server(self.leading.leader_only(self.handlers()), config.host, config.port, name="coordinator",
                              ssl=self.security.server_ssl, secret=self.security.secret)
 
@@ -176,8 +178,9 @@ class Coordinator:
         log.info("coordinator serving on %s with %d partitions", self.address, self.state.table.partitions)
 
     def _begin(self) -> None:
-        """Lead: the tasks of the coordinator in charge (monitor, resumption, periodic checkpoints)."""
+        """Lead: the tasks of the coordinator in charge (monitor, resumption, periodic checkpoints, the nodes' load)."""
         self.tasks.spawn(self._monitor())
+        self.tasks.spawn(self.answers.sample_load())
         if self.state.membership.members:
             self.tasks.spawn(self.placement.resume())
         else:

@@ -33,6 +33,10 @@ from ..loop_lag import LoopLag
 from ..security import Security
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
+# the requests clients send: the status page's throughput and latency (a move's or a checkpoint's steps would
+# swamp a quiet node's latency with seconds-long requests that no client waits for)
+CLIENT_OPS = frozenset(m.op for m in (p.Write, p.CompareAndSet, p.Read, p.Scan, p.ScanMany, p.Stage, p.StageDone,
+                                      p.AdvanceBatches, p.FinishTask, p.Seal))
 
 # RocksDB integer properties, summed over a node's open partitions and their states (column families)
 ROCKSDB_PROPERTIES = {
@@ -141,6 +145,14 @@ class RequestFigures:
         yield CounterMetricFamily("rockstate_node_keys_written", "Keys written (puts and deletes)", self.keys_written)
         yield CounterMetricFamily("rockstate_node_keys_read", "Keys read", self.keys_read)
 
+    def load(self) -> dict:
+        """The clients' requests since the node started, as counters (the coordinator takes rates from two of them):
+        requests, their seconds, their latency buckets (counts up to each of ``bounds``, the last above every bound), keys."""
+        mine = [op for op in list(self.counts) if op in CLIENT_OPS]
+        buckets = [sum(n) for n in zip(*(self.counts[op] for op in mine))] or [0] * (len(self.buckets) + 1)
+        return {"requests": sum(buckets), "seconds": sum(self.sums[op] for op in mine), "bounds": list(self.buckets),
+                "buckets": buckets, "keys_read": self.keys_read, "keys_written": self.keys_written}
+
 
 class NodeMetrics:
     def __init__(self, collector: NodeCollector, node_id: Callable[[], str | None]) -> None:
@@ -158,11 +170,12 @@ class NodeMetrics:
         self._http: MetricsHTTPServer | None = None
 
     async def figures(self, msg: p.NodeFigures, conn: object) -> dict:
-        """Memory, disk and RocksDB figures, for the coordinator's status page (the disk walk off the event loop)."""
+        """Memory, disk and RocksDB figures and the clients' requests so far (``RequestFigures.load``), for the
+        coordinator's status page (the disk walk off the event loop)."""
         c = self._collector
         return {"rss_bytes": rss_bytes(), "memory_limit_bytes": c.memory_bytes, "rocksdb": rocksdb_figures(c.store_of()),
                 "disk": await asyncio.to_thread(disk_figures, c.data_dir),
-                "loop_lag_max_seconds": self.loop_lag.worst}
+                "loop_lag_max_seconds": self.loop_lag.worst, "load": self.requests.load()}
 
     async def identity(self, msg: p.NodeIdentity, conn: object) -> str | None:
         return self._node_id()

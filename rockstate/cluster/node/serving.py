@@ -137,7 +137,8 @@ class DataHandlers:
     # -- the coordinator's questions ----------------------------------------------------
 
     async def stats(self, msg: p.NodeStats, conn: object) -> dict:
-        return self._store().stats(self.gate.ownership.owned())
+        # it reads every entry (the status page asks every few seconds): off the loop, whose heartbeats keep the lease
+        return await asyncio.to_thread(self._store().stats, self.gate.ownership.owned())
 
     async def count(self, msg: p.NodeCount, conn: object) -> int:
         store = self._store()

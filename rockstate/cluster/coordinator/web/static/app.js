@@ -1,6 +1,8 @@
-// The status page: fetches /api/status every REFRESH ms and draws it; no libraries.
+// The status page: fetches /api/status, /api/load and /api/events every REFRESH ms and draws them; no libraries.
 "use strict";
 const REFRESH = 2000;
+const EVENTS_SHOWN = 30;
+const view = { allReplicas: false, hiddenTypes: new Set(), types: [], counts: {} };  // what the reader chose; kept across refreshes
 const COLORS = ["#2d6cdf", "#16a085", "#8e44ad", "#d35400", "#2c3e50", "#c2185b", "#7cb342", "#00838f", "#6d4c41", "#5c6bc0"];
 const color = (owners, id) => (id == null ? "#999" : COLORS[owners.indexOf(id) % COLORS.length]);
 
@@ -53,17 +55,30 @@ function nodes(s) {
   });
 }
 
+// An owner's colour, lighter the fewer bytes the partition holds than the largest one (alpha from 0.25 to 1).
+function shade(hex, fraction) {
+  const [r, g, b] = [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16));
+  return `rgba(${r},${g},${b},${(0.25 + 0.75 * fraction).toFixed(2)})`;
+}
+
 function partitionMap(s) {
   const ids = s.nodes.map((n) => n.node_id);
+  const sizes = s.sizes ? s.sizes.partitions : [];
+  const largest = Math.max(1, ...sizes.map((p) => (p ? p.bytes : 0)));
   const live = new Set(s.nodes.filter((n) => ["alive", "suspect", "leaving"].includes(n.status)).map((n) => n.node_id));
   const moving = new Map(s.moves.map((m) => [m.partition, m]));
   document.getElementById("legend").replaceChildren(...s.nodes.filter((n) => n.partitions).map((n) =>
     el("span", {}, el("i", { style: `background:${color(ids, n.node_id)}` }), `${n.node_id} (${n.partitions})`)));
   document.getElementById("partition-map").replaceChildren(...s.owners.map((owner, pid) => {
-    const cls = ["cell", live.has(owner) ? "" : "unavailable", moving.has(pid) ? "moving" : ""].join(" ").trim();
+    const held = sizes[pid];  // undefined: not counted yet; null: its owner did not answer
+    const light = held && owner != null && held.bytes / largest < 0.5;  // a pale cell: dark figures on it
+    const cls = ["cell", live.has(owner) ? "" : "unavailable", moving.has(pid) ? "moving" : "", light ? "light" : ""].join(" ").trim();
     const title = `partition ${pid}: ${owner ?? "unassigned"}` + (live.has(owner) ? "" : " (no live owner)") +
-      (moving.has(pid) ? ` — moving to ${moving.get(pid).target}` : "");
-    return el("div", { class: cls, title, "data-partition": pid, "data-owner": owner ?? "", style: `background:${color(ids, owner)}` }, String(pid));
+      (held ? ` — ${held.keys} keys, ${size(held.bytes)}` : "") + (moving.has(pid) ? ` — moving to ${moving.get(pid).target}` : "");
+    const attrs = { class: cls, title, "data-partition": pid, "data-owner": owner ?? "" };
+    if (held) Object.assign(attrs, { "data-keys": held.keys, "data-bytes": held.bytes });
+    const fill = held && owner != null ? shade(color(ids, owner), held.bytes / largest) : color(ids, owner);
+    return el("div", { ...attrs, style: `background:${fill}` }, String(pid));
   }));
   const lines = s.moves.map((m) => `partition ${m.partition}: ${m.source} → ${m.target}`);
   if (s.failovers.length) lines.push(`failover in progress for ${s.failovers.join(", ")}`);
@@ -79,8 +94,13 @@ function replicas(s) {
   else if (short.length) out.replaceChildren(`${s.backup_count} backup(s) per partition, ${s.replication} replication · `,
     el("span", { class: "warn" }, `${short.length} partitions short of in-sync backups`));
   else out.replaceChildren(`${s.backup_count} backup(s) per partition, ${s.replication} replication · every backup in sync`);
-  document.getElementById("replicas").style.display = list.length ? "" : "none";
-  rows("replicas", list, (r) => el("tr", { "data-partition": r.partition, class: short.includes(r) ? "short" : "" },
+  const shown = view.allReplicas ? list : short;  // by default only the exceptions: short of in-sync backups
+  const toggle = document.getElementById("replicas-all");
+  toggle.checked = view.allReplicas;
+  document.getElementById("replica-toggle").style.display = list.length ? "" : "none";
+  document.getElementById("replica-count").textContent = `show all ${list.length} partitions (${short.length} short)`;
+  document.getElementById("replicas").style.display = shown.length ? "" : "none";
+  rows("replicas", shown, (r) => el("tr", { "data-partition": r.partition, class: short.includes(r) ? "short" : "" },
     el("td", {}, String(r.partition)),
     el("td", { class: "primary" }, r.primary ?? "—", r.waiting_for_election ? el("span", { class: "warn electing" }, " waiting for election") : ""),
     el("td", { class: "backups" }, ...(r.backups.length ? r.backups.flatMap((b, i) => [i ? ", " : "",
@@ -131,15 +151,51 @@ function checkpoints(s) {
     seconds(r.duration), size(r.size), size(r.uploaded_bytes), r.failure || ""]);
 }
 
-function sparkline(values) {
-  const ns = "http://www.w3.org/2000/svg", W = 120, H = 20, max = Math.max(...values, 1e-3);
+// A line of values in SVG, scaled to its largest; `title` (with the largest) as its tooltip.
+function sparkline(values, { title = "", stroke = "#2d6cdf", W = 120, H = 20 } = {}) {
+  const ns = "http://www.w3.org/2000/svg", max = Math.max(...values, 1e-3);
   const svg = document.createElementNS(ns, "svg");
   svg.setAttribute("width", W); svg.setAttribute("height", H);
+  svg.setAttribute("class", "sparkline"); svg.dataset.points = values.length; svg.dataset.max = Math.max(0, ...values);
   const path = document.createElementNS(ns, "path");
   path.setAttribute("d", values.map((v, i) => `${i ? "L" : "M"}${(i * W) / Math.max(values.length - 1, 1)},${H - 1 - (v / max) * (H - 2)}`).join(""));
-  path.setAttribute("fill", "none"); path.setAttribute("stroke", "#2d6cdf"); path.setAttribute("stroke-width", "1.5");
+  path.setAttribute("fill", "none"); path.setAttribute("stroke", stroke); path.setAttribute("stroke-width", "1.5");
   svg.append(path);
+  if (title) {
+    const t = document.createElementNS(ns, "title");
+    t.textContent = title;
+    svg.append(t);
+  }
   return svg;
+}
+
+// Each node's clients' requests over the last minutes (/api/load): the latest rates, and a line of each.
+function load(l) {
+  const perSecond = (v) => (v == null ? "" : v >= 100 ? v.toFixed(0) + "/s" : v.toFixed(1) + "/s");
+  const span = `the last ${Math.round(l.window_seconds / 60)} min`;
+  rows("load", Object.entries(l.nodes), ([node, points]) => {
+    const last = points.at(-1) || {};
+    const line = (key, what, stroke, show) => el("td", { class: key }, sparkline(points.map((p) => p[key] || 0),
+      { stroke, title: `${what} over ${span}: at most ${show(Math.max(0, ...points.map((p) => p[key] || 0)))}` }));
+    return el("tr", { "data-node": node }, el("td", {}, node),
+      el("td", {}, perSecond(last.requests_per_s)), line("requests_per_s", "requests", "#2d6cdf", perSecond),
+      el("td", {}, perSecond(last.keys_written_per_s)), line("keys_written_per_s", "keys written", "#16a085", perSecond),
+      el("td", {}, perSecond(last.keys_read_per_s)), line("keys_read_per_s", "keys read", "#8e44ad", perSecond),
+      el("td", {}, seconds(last.mean_latency_s)), el("td", {}, last.p99_latency_s == null ? "" : "≤ " + seconds(last.p99_latency_s)),
+      line("mean_latency_s", "mean latency", "#d35400", seconds));
+  });
+  document.getElementById("load-summary").textContent = Object.keys(l.nodes).length ?
+    `Clients' requests per node over ${span}, a point every ${l.sample_every_seconds} s (the nodes' own counters).` : "No figures yet.";
+}
+
+// The states and what they hold (rs.stats(), as `rockstate states` lists them), counted at most every few seconds.
+function states(s) {
+  const z = s.sizes;
+  document.getElementById("state-summary").textContent = z ? `${z.states.length} states · counted ${z.age.toFixed(0)} s ago` :
+    `${s.states} states · not counted yet`;
+  rows("states", z ? z.states : [], (r) => el("tr", { "data-state": r.name }, el("td", {}, r.name), el("td", {}, r.kind),
+    el("td", {}, r.ttl == null ? "—" : `${r.ttl} s`), el("td", { class: "keys" }, String(r.keys)),
+    el("td", { class: "bytes", "data-bytes": r.bytes }, size(r.bytes)), el("td", {}, r.query || ""), el("td", {}, r.operator || "")));
 }
 
 function pipelines(s) {
@@ -150,9 +206,40 @@ function pipelines(s) {
   });
 }
 
-function events(s) {
-  rows("events", s.events.slice(-30).reverse(), (e) => [clock(e.time), e.event,
-    Object.entries(e).filter(([k]) => !["seq", "time", "event"].includes(k)).map(([k, v]) => `${k}=${JSON.stringify(v)}`).join(" ")]);
+// The recent events of the types not unticked (/api/events?type=...), and a checkbox per type the log holds.
+function eventsQuery() {
+  const shown = view.types.filter((t) => !view.hiddenTypes.has(t));
+  const types = view.hiddenTypes.size ? shown.map((t) => "&type=" + encodeURIComponent(t)).join("") : "";
+  return view.hiddenTypes.size && !shown.length ? null : `api/events?limit=${EVENTS_SHOWN}${types}`;
+}
+
+function events(answer) {
+  view.counts = answer.types;
+  const box = document.getElementById("event-types");
+  const types = Object.keys(answer.types);
+  if (types.join() !== view.types.join()) {  // redrawn only when the types change: a click is not lost
+    view.types = types;
+    box.replaceChildren(...types.map((t) => {
+      const input = el("input", { type: "checkbox", "data-type": t });
+      input.checked = !view.hiddenTypes.has(t);
+      input.addEventListener("change", () => {
+        if (input.checked) view.hiddenTypes.delete(t); else view.hiddenTypes.add(t);
+        drawEvents();
+      });
+      return el("label", { "data-type": t }, input, " ", t, el("span", { class: "count" }, ""));
+    }));
+  }
+  for (const label of box.children) label.querySelector(".count").textContent = ` (${answer.types[label.dataset.type]})`;
+  rows("events", answer.events.slice().reverse(), (e) => el("tr", { "data-event": e.event }, ...[clock(e.time), e.event,
+    Object.entries(e).filter(([k]) => !["seq", "time", "event"].includes(k)).map(([k, v]) => `${k}=${JSON.stringify(v)}`).join(" ")]
+    .map((c) => el("td", {}, c))));
+}
+
+async function drawEvents() {
+  const query = eventsQuery();
+  if (query == null) return events({ types: view.counts, events: [] });  // every type unticked
+  const response = await fetch(query, { cache: "no-store" });
+  if (response.ok) events(await response.json());
 }
 
 async function refresh() {
@@ -167,7 +254,11 @@ async function refresh() {
     }
     if (!response.ok) throw new Error(`${response.status} ${await response.text()}`);
     const s = await response.json();
-    summary(s); nodes(s); partitionMap(s); replicas(s); checkpoints(s); pipelines(s); events(s);
+    refresh.last = s;
+    summary(s); nodes(s); states(s); partitionMap(s); replicas(s); checkpoints(s); pipelines(s);
+    const answer = await fetch("api/load", { cache: "no-store" });
+    if (answer.ok) load(await answer.json());
+    await drawEvents();
     document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
     document.body.dataset.epoch = s.epoch;
   } catch (err) {
@@ -175,4 +266,8 @@ async function refresh() {
   }
   setTimeout(refresh, REFRESH);
 }
+document.getElementById("replicas-all").addEventListener("change", (e) => {
+  view.allReplicas = e.target.checked;
+  if (refresh.last) replicas(refresh.last);
+});
 refresh();
