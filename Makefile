@@ -4,7 +4,7 @@ STAMP := $(VENV)/.installed
 export PYSPARK_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: setup lint test demo bench soak chaos fuzz spark-cluster spark-matrix clean
+.PHONY: setup lint test demo bench soak chaos fuzz scale spark-cluster spark-matrix clean
 
 $(STAMP): pyproject.toml scripts/setup.sh constraints/test.txt constraints/spark-*.txt
 	VENV=$(VENV) scripts/setup.sh
@@ -32,6 +32,12 @@ bench: setup
 
 soak: setup
 	$(PY) scripts/soak.py
+
+# 3, 8 and 16 node processes at P=1024 with backups (issue 33: bench/scale.py's node-count curve): start-up, put and
+# get, a checkpoint, a kill -9 until served, a join and a graceful leave until balanced, the coordinator's CPU at rest,
+# the table's size, the worst event-loop lag; each as a ratio to 3 nodes (~15-30 minutes on 2 cores)
+scale: setup
+	$(PY) bench/scale.py --partitions "" --nodes 3,8,16 --no-embedded --keys $${BENCH_SCALE_KEYS:-20000}
 
 # tests/security/test_fuzz.py's property-based fuzzers (frames, messages, manifests, _metadata) with more examples
 # than make test's 60 each

@@ -10,12 +10,16 @@ string keys with 100-byte values, written and read in batches of 5,000:
 - checkpoint: one full ``rs.checkpoint()``, seconds;
 - kill -> served: kill -9 of a node, seconds until one key of every partition it was primary of
   reads its value again (a client retrying as users' do);
-- join -> balanced: a fourth node started, seconds until the table is balanced and every backup in sync.
+- join -> balanced: a fourth node started, seconds until the table is balanced and every backup in sync;
+- at rest, after the start-up: the coordinator's CPU seconds per second over ``REST`` seconds, and the table it
+  publishes, bytes as sent (msgpack);
+- loop lag: the worst event-loop lag (``rockstate_*_loop_lag_max_seconds``) of the coordinator and of any node
+  still alive at the end, seconds (a node stops serving when its loop stalls for half its lease).
 
 Each with its ratio to the smallest configuration (goal, issue 33: throughput >= 0.8x, times <= 2x).
 The floor: embedded (``rockstate.open``, one process, no network, no backups) put/get of the same
 keys at the same P. ``--nodes 3,8,16`` adds the node-count curve at P=1024 (start-up, put, get,
-checkpoint, kill, join, leave). Medians of one run on a shared 2-core machine: compare ratios
+checkpoint, kill, join, leave, at rest, loop lag); ``make scale`` runs it at 3, 8 and 16 nodes. Medians of one run on a shared 2-core machine: compare ratios
 within a run, not across runs.
 
     .venv/bin/python bench/scale.py [--keys 50000] [--partitions 16,128,271,1024] [--nodes 3,8,16]
@@ -24,6 +28,7 @@ within a run, not across runs.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -31,6 +36,9 @@ import sys
 import tempfile
 import time
 import traceback
+import urllib.request
+
+import msgpack
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -38,11 +46,13 @@ from common import key_of, print_table  # noqa: E402
 
 import rockstate  # noqa: E402
 from rockstate.errors import RockstateError  # noqa: E402
+from rockstate.files import read_json  # noqa: E402
 from rockstate.local.cluster import LocalCluster  # noqa: E402
 
 BATCH = 5000
 VALUE = os.urandom(100)
 HEARTBEAT = 3.0
+REST = 5.0  # seconds the coordinator's CPU is measured at rest
 
 
 def _batches(keys: list) -> list[list]:
@@ -57,6 +67,22 @@ def _rates(fn, batches: list[list]) -> float:
         fn(batch)
         rates.append(len(batch) / (time.perf_counter() - start))
     return statistics.median(rates)
+
+
+def cpu_seconds(pid: int) -> float:
+    """A process's user + system CPU seconds so far (Linux)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def worst_loop_lag(c: LocalCluster) -> float:
+    """The worst event-loop lag of the coordinator (its /metrics) and of the live nodes (their figures in the status)."""
+    text = urllib.request.urlopen(c.status_url + "metrics", timeout=30).read().decode()
+    lags = [float(line.split()[-1]) for line in text.splitlines() if line.startswith("rockstate_coordinator_loop_lag_max_seconds ")]
+    doc = json.loads(urllib.request.urlopen(c.status_url + "api/status", timeout=60).read())
+    lags += [(n.get("figures") or {}).get("loop_lag_max_seconds") or 0.0 for n in doc["nodes"] if n["status"] == "alive"]
+    return max(lags)
 
 
 def embedded(root: str, partitions: int, keys: list) -> tuple[float, float]:
@@ -92,7 +118,12 @@ def cluster_run(root: str, partitions: int, nodes: int, keys: list, leave: bool 
         start = time.perf_counter()
         c.start()  # waits until balanced and every backup in sync
         row["start-up s"] = time.perf_counter() - start
+        coordinator = read_json(os.path.join(path, "coordinator", "address.json"))["pid"]
+        before = cpu_seconds(coordinator)
+        time.sleep(REST)
+        row["coord CPU s/s"] = (cpu_seconds(coordinator) - before) / REST
         with c.connect(retry_timeout=120.0) as rs:
+            row["table bytes"] = len(msgpack.packb(rs.backend.refresh().to_wire()))
             state = rs.value_state("scale")
             batches = _batches(keys)
             row["put keys/s"] = _rates(lambda b: state.put_many(dict.fromkeys(b, VALUE)), batches)
@@ -127,6 +158,7 @@ def cluster_run(root: str, partitions: int, nodes: int, keys: list, leave: bool 
                 c.wait_replicated(600)
                 row["leave->balanced s"] = time.perf_counter() - start
             assert all(v == VALUE for v in state.get_many(keys[:BATCH]))
+            row["loop lag s"] = worst_loop_lag(c)
     except (RockstateError, AssertionError) as e:
         traceback.print_exc()
         row["failed"] = f"{type(e).__name__}: {str(e)[:200]}"
@@ -137,6 +169,7 @@ def cluster_run(root: str, partitions: int, nodes: int, keys: list, leave: bool 
 
 
 COLUMNS = ["start-up s", "put keys/s", "get keys/s", "checkpoint s", "kill->served s", "join->balanced s"]
+AT_REST = ["coord CPU s/s", "table bytes", "loop lag s"]
 
 
 def _table(title: str, label: str, rows: list[tuple[object, dict]], columns: list[str]) -> None:
@@ -176,8 +209,10 @@ def main() -> None:
             if not args.no_embedded:
                 put, get = embedded(root, P, keys)
                 floor.append((P, {"put keys/s": put, "get keys/s": get}))
-        _table(f"3 nodes, backup_count=1: each measure and its ratio to P={ps[0]} (goal: keys/s >= 0.8x, seconds <= 2x)",
-               "P", rows, COLUMNS)
+        if rows:
+            _table(f"3 nodes, backup_count=1: each measure and its ratio to P={ps[0]} (goal: keys/s >= 0.8x, seconds <= 2x)",
+                   "P", rows, COLUMNS)
+            _table(f"3 nodes: the coordinator at rest and the worst event-loop lag (ratio to P={ps[0]})", "P", rows, AT_REST)
         if floor:
             _table(f"the floor: embedded rockstate.open, one process, same keys and batches (ratio to P={ps[0]})",
                    "P", floor, ["put keys/s", "get keys/s"])
@@ -192,6 +227,7 @@ def main() -> None:
                 node_rows.append((n, row))
             _table("P=1024, backup_count=1: by node count (ratio to the fewest)", "nodes", node_rows,
                    COLUMNS + ["leave->balanced s"])
+            _table("P=1024: the coordinator at rest and the worst event-loop lag, by node count", "nodes", node_rows, AT_REST)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
