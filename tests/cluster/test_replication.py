@@ -233,7 +233,7 @@ def test_an_ingested_sst_file_survives_its_primarys_death(cluster, tmp_path):
     """An SST file is no batch a backup can apply: the backups catch up anew, and the ingest is acknowledged
     only once no backup without the file counts as in sync; then the primary is killed."""
     with cluster.connect(retry_timeout=30) as rs:
-        state, backend = rs.value_state("loaded"), rs.backend
+        state, backend = rs.value_state("loaded", create=True), rs.backend  # raw SST ingests first
         keys = [f"device-{i:05d}" for i in range(3000)]
         for pid in range(4):
             mine = sorted((_pack(k), _pack({"seen": "2026-11-23", "n": len(k)})) for k in keys if rs.partition_of(k) == pid)

@@ -105,7 +105,7 @@ def through(proxy: ReplyDropper, rs) -> None:
 
 def append_at(rs, keys, item) -> None:
     """One write request that appends ``item`` to the list of every key (in several partitions)."""
-    rs.list_state("log")
+    rs.list_state("log", create=True)  # the raw write below needs it defined
     rs.backend.write({rs.partition_of(k): [(APPEND, "log", encode_key(k), encode_value(item))] for k in keys})
 
 

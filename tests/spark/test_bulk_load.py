@@ -121,7 +121,7 @@ def test_bulk_load_refuses_bad_input(spark, rs):
 def test_ingest_follows_a_moved_partition(cluster, tmp_path):
     """A client routing by a stale table gets NOT_OWNER for moved partitions, refreshes and uploads again."""
     with cluster.connect() as handle:
-        state = handle.value_state("moved")
+        state = handle.value_state("moved", create=True)  # raw SST ingests below go to it
         backend = handle.backend
         stale = backend.table.epoch
         cluster.add_node()  # half of the partitions move to the new node
