@@ -1,6 +1,10 @@
-"""Checkpoints turned on for a running cluster (issue 31, item 3): nodes registered before the coordinator had a
-storage do not know it; `checkpoint trigger` is refused naming them, and a refused checkpoint leaves no ABORTED
-entry in the history."""
+"""Checkpoints turned on, or moved, for a running cluster (issue 31 item 3): the coordinator tells every node its
+checkpoint storage once it leads -- at the node's next heartbeat, and before it answers a checkpoint request -- so
+nodes that keep running take part at once. A node that cannot learn it live (one of a version without
+``SetCheckpoints``) is named in a refusal that leaves no ABORTED entry in the history."""
+
+import glob
+import os
 
 import pytest
 
@@ -10,24 +14,58 @@ from rockstate.local.cluster import wait_until
 from rockstate.testing.cluster import gen_cluster
 
 
-@gen_cluster(nodes=2, partitions=4)
-def test_a_refused_checkpoint_names_the_nodes_to_restart_and_leaves_no_aborted_entry(cluster, tmp_path):
-    cluster.wait_balanced()
-    with cluster.connect() as rs:
-        rs.value_state("counts").put("a", 1)
+def restart_coordinator_with(cluster, url: str) -> None:
     cluster.kill_coordinator()
-    cluster.restart_coordinator(checkpoints=CheckpointConfig(url=f"file://{tmp_path}/checkpoints"))
-    wait_until(lambda: cluster.status()["checkpoints"] is not None and cluster.status()["unavailable"] == 0, 30,
-               "the coordinator back, with checkpoints")
-    nodes = sorted(n.node_id for n in cluster.nodes())
+    cluster.restart_coordinator(checkpoints=CheckpointConfig(url=url))
+    wait_until(lambda: (cluster.status().get("checkpoints") or {}).get("url") == url and cluster.status()["unavailable"] == 0,
+               30, "the coordinator back, with the storage")
+
+
+def told(cluster, url: str) -> set:
+    return {e["node"] for e in cluster.status()["events"] if e["event"] == "member_checkpoints" and e.get("url") == url}
+
+
+def metadata(root: str) -> list:
+    return glob.glob(os.path.join(root, "**", "_metadata"), recursive=True)
+
+
+@gen_cluster(nodes=2, partitions=4, processes=True)
+def test_running_nodes_take_a_storage_set_or_moved_on_a_restarted_coordinator(cluster, tmp_path):
+    cluster.wait_balanced()
+    processes = {n.node_id: n.pid for n in cluster.nodes()}
+    with cluster.connect() as rs:
+        rs.value_state("counts").put_many({i: i for i in range(50)})
+
+    first = f"file://{tmp_path}/checkpoints"
+    restart_coordinator_with(cluster, first)
+    wait_until(lambda: told(cluster, first) == set(processes), 30, "every node told the storage at its heartbeat")
+    with cluster.connect() as rs:
+        rs.checkpoint()
+        assert [str(c.state) for c in rs.checkpoints()] == ["COMPLETED"], rs.checkpoints()
+    assert len(metadata(f"{tmp_path}/checkpoints")) == 1
+
+    restart_coordinator_with(cluster, f"file://{tmp_path}/elsewhere")  # moved: asked at once, before any heartbeat tells
+    with cluster.connect() as rs:
+        rs.checkpoint()
+        assert [str(c.state) for c in rs.checkpoints()] == ["COMPLETED"], rs.checkpoints()
+    assert len(metadata(f"{tmp_path}/elsewhere")) == 1 and len(metadata(f"{tmp_path}/checkpoints")) == 1
+    assert {n.node_id: n.pid for n in cluster.nodes()} == processes, "no node was restarted"
+
+
+@gen_cluster(nodes=2, partitions=4)
+def test_a_node_that_cannot_learn_the_storage_live_is_named_and_no_aborted_entry_is_left(cluster, tmp_path):
+    cluster.wait_balanced()
+    old, other = sorted(n.node_id for n in cluster.nodes())
+    # the node answers SetCheckpoints as a node of a version without it does: an unknown operation
+    cluster._runner.nodes[old].server._handlers.pop("set_checkpoints")
+    restart_coordinator_with(cluster, f"file://{tmp_path}/checkpoints")
     with cluster.connect() as rs:
         with pytest.raises(CheckpointsNotConfiguredError) as refused:
             rs.checkpoint()
-        assert all(n in str(refused.value) for n in nodes) and "restart" in str(refused.value), refused.value
+        assert old in str(refused.value) and other not in str(refused.value) and "restart" in str(refused.value), refused.value
         assert rs.checkpoints() == [], "a refused checkpoint leaves nothing in the history"
-    for node in nodes:  # restarted, each registers again and learns the storage
-        cluster.stop_node(node)
-        cluster.restart_node(node)
+    cluster.stop_node(old)  # restarted, it registers again and learns the storage
+    cluster.restart_node(old)
     cluster.wait_balanced()
     with cluster.connect() as rs:
         rs.checkpoint()

@@ -76,6 +76,7 @@ def test_a_client_reads_and_writes_with_either_client_secret(cluster):
     ("node", p.RestorePartitions(checkpoint=1, partitions=[0])),
     ("node", p.Freeze(partition=0)),
     ("node", p.NodeStats()),
+    ("node", p.SetCheckpoints(checkpoints=None)),
 ])
 def test_a_client_credential_is_refused_on_node_to_node_and_admin_operations(cluster, target, message):
     address = cluster.address if target == "coordinator" else cluster.nodes()[0].address

@@ -103,13 +103,14 @@ class ClusterCheckpoints:
         return sorted(m.node_id for m in members if m.checkpoint_url not in (None, self.config.url))
 
     def refuse_unaware(self) -> None:
-        """Refuse a checkpoint before it begins (so no ABORTED entry is left) when a holder does not know the storage,
-        naming the nodes to restart."""
+        """Refuse a checkpoint before it begins (so no ABORTED entry is left) when a holder does not know the storage
+        (the coordinator tells every node before it asks this: one that did not take it), naming the nodes."""
         unaware = self.unaware([m for m, _ in self._owners()])
         if unaware:
             raise CheckpointsNotConfiguredError(
-                f"node(s) {', '.join(unaware)} registered before the coordinator had the checkpoint storage "
-                f"{self.storage.url} and do not know it: restart them (rockstate node with the same --data-dir) to take checkpoints")
+                f"node(s) {', '.join(unaware)} do not know the checkpoint storage {self.storage.url}: the coordinator could not "
+                "tell them (its log says why; it tries again at their next heartbeat), or they run a version that cannot "
+                "learn it live: restart them (rockstate node with the same --data-dir)")
 
     async def checkpoint(self, manual: bool = True) -> dict:
         self.refuse_unaware()

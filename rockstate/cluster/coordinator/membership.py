@@ -1,5 +1,8 @@
 """The coordinator's side of ``control/membership.py``: a node's registration, heartbeats and graceful leave; the
-watch for suspect members (silent for a third of ``heartbeat_timeout``: events ``member_suspect``, ``member_recovered``).
+watch for suspect members (silent for a third of ``heartbeat_timeout``: events ``member_suspect``, ``member_recovered``);
+the checkpoint storage told to every member once per leadership (``tell_storage``): a node learns it at registration,
+so one registered before this coordinator's storage was set or changed is told at its next heartbeat, or before a
+checkpoint request is answered.
 
 ``MemberHandlers`` serves them; who is alive is ``control/membership.py``'s
 ``Membership`` (in ``ClusterState``); what a join, a return or a leave moves
@@ -45,6 +48,9 @@ class MemberHandlers:
         self._watch_every = min(WATCH_EVERY, config.heartbeat_timeout / 12)
         self._watched_at = float("-inf")  # the watch's last look (watch_suspects)
         self._watch_generation = 0  # the running watch's; an older one stops
+        self._told: set[str] = set()  # members given this coordinator's checkpoint storage (registration or tell_storage)
+        self._telling: dict[str, asyncio.Future] = {}
+        self._untold: set[str] = set()  # members a push failed for (logged once)
 
     async def register(self, msg: p.Register, conn: Connection) -> dict:
         state = self.state
@@ -54,6 +60,7 @@ class MemberHandlers:
         self._watching(time.monotonic())
         checkpoints = checkpoint_config(self.config)
         state.membership[node_id].checkpoint_url = checkpoints.url or "" if checkpoints else ""  # what it learns below
+        self._told.add(node_id)
         if msg.zone:
             self.replicas.zones[node_id] = msg.zone
         self._event("member_joined" if joined else "member_returned", node=node_id, address=msg.address)
@@ -97,6 +104,8 @@ class MemberHandlers:
 
     async def heartbeat(self, msg: p.Heartbeat, conn: Connection) -> int:
         self._watching(time.monotonic())
+        if msg.node_id not in self._told and msg.node_id not in self._telling:
+            self._spawn(self._tell(msg.node_id))
         if self.state.membership.heartbeat(msg.node_id, time.monotonic()):
             # it was cut off, not gone: partitions restored elsewhere meanwhile stay there
             member = self.state.membership[msg.node_id]
@@ -104,6 +113,38 @@ class MemberHandlers:
             await self._save()
             self._spawn(self._welcome_back(member.node_id))
         return self.state.table.epoch
+
+    async def tell_storage(self) -> None:
+        """Every serving member not told yet gets the checkpoint storage now (a failure is logged, and its next
+        heartbeat tries again; a checkpoint then refuses it, naming it)."""
+        members = self.state.membership.members.values()
+        await asyncio.gather(*(self._tell(m.node_id) for m in members
+                               if m.node_id not in self._told and self.state.membership.serving(m.node_id)))
+
+    async def _tell(self, node_id: str) -> None:
+        """One push at a time per member; a second caller waits for the push in flight."""
+        task = self._telling.get(node_id)
+        if task is None:
+            task = self._telling[node_id] = asyncio.ensure_future(self._send_storage(node_id))
+            task.add_done_callback(lambda _: self._telling.pop(node_id, None))
+        await asyncio.shield(task)
+
+    async def _send_storage(self, node_id: str) -> None:
+        checkpoints = checkpoint_config(self.config)
+        try:
+            await self.peers.channel(node_id).call(p.SetCheckpoints(checkpoints=checkpoints.model_dump() if checkpoints else None))
+        except (RockstateError, OSError) as e:  # said once per member, not at every heartbeat that tries again
+            (log.debug if node_id in self._untold else log.warning)(
+                "%s did not take the checkpoint storage (%s); told again at its next heartbeat", node_id, e)
+            self._untold.add(node_id)
+            return
+        self._told.add(node_id)
+        member = self.state.membership.get(node_id)
+        url = checkpoints.url or "" if checkpoints else ""
+        if member is not None and member.checkpoint_url != url:
+            member.checkpoint_url = url
+            self._event("member_checkpoints", node=node_id, url=url or None)
+            await self._save()
 
     async def _welcome_back(self, node_id: str) -> None:
         """A node back from being cut off learns the current table (it drops what was restored elsewhere), then gets its share.

@@ -217,6 +217,7 @@ class Coordinator:
     async def checkpoint_request(self, msg: Message, conn: Connection) -> Any:
         if self.checkpoints is None:
             raise CheckpointsNotConfiguredError("this cluster has no checkpoint storage: start the coordinator with --checkpoints URL")
+        await self.member_handlers.tell_storage()  # nodes registered before the storage was set learn it first
         answer = CHECKPOINT_REQUESTS[type(msg)](self.checkpoints, msg)
         return await answer if inspect.isawaitable(answer) else answer
 

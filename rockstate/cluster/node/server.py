@@ -67,6 +67,7 @@ class Node:
         self.node_id: str | None = identity.get("node_id") if isinstance(identity, dict) else None
         self.store: Store | None = None
         self.checkpoints: LocalPartitions | None = None
+        self._checkpoint_config: CheckpointConfig | None = None  # the storage of ``checkpoints``
         self.table = Table.empty(0)  # until the coordinator's first
         self.gate = Gate()
         self._retiring: dict[int, asyncio.Future] = {}
@@ -113,6 +114,7 @@ class Node:
             p.NodeDefineState: data.define_state,
             # the table and checkpoints (here)
             p.ApplyTable: self.apply_table,
+            p.SetCheckpoints: self.set_checkpoints,
             p.SnapshotPartitions: self.snapshot_partitions,
             p.FinishCheckpoint: self.finish_checkpoint,
             p.RestorePartitions: self.restore_partitions,
@@ -202,8 +204,7 @@ class Node:
         self.store = Store(os.path.join(self.data_dir, "store"), store_config, owned=[], reserved=(REQUESTS, REPLICATION))
         for spec in reply["states"]:
             self.store.define_state(StateSpec.from_dict(spec))
-        if reply.get("checkpoints"):
-            self.checkpoints = LocalPartitions(self.store, CheckpointConfig(**reply["checkpoints"]), keys=self.security.checkpoint_keys)
+        self._use_checkpoints(reply.get("checkpoints"))
         await self._apply(Table.from_wire(reply["table"]))
         self._drop_stale_partitions()
         if self.config.metrics_port is not None:
@@ -326,6 +327,20 @@ class Node:
             await retiring
 
     # -- checkpoints -----------------------------------------------------------
+
+    async def set_checkpoints(self, msg: p.SetCheckpoints, conn: Connection) -> None:
+        self._use_checkpoints(msg.checkpoints)
+
+    def _use_checkpoints(self, checkpoints: dict | None) -> None:
+        """The storage the coordinator names, at registration or when it takes the lead; the same one again keeps
+        the local snapshots (the next checkpoint's increment is made from them)."""
+        config = CheckpointConfig(**checkpoints) if checkpoints else None
+        if config == self._checkpoint_config:
+            return
+        self.checkpoints = None if config is None else LocalPartitions(self._store_of(), config, keys=self.security.checkpoint_keys)
+        if self._checkpoint_config is not None or config is not None:
+            log.info("node %s checkpoints to %s", self.node_id, "nothing" if config is None else config.url)
+        self._checkpoint_config = config
 
     def _checkpoints(self) -> LocalPartitions:
         if self.checkpoints is None:

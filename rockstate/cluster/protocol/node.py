@@ -46,6 +46,14 @@ class ApplyTable(Message):
     table: dict
 
 
+class SetCheckpoints(Message):
+    """The cluster's checkpoint storage (a ``CheckpointConfig``; None: none), from a coordinator that took the lead
+    with a storage the node may not know: it registered before the storage was set or changed."""
+
+    op = "set_checkpoints"
+    checkpoints: dict | None
+
+
 class SnapshotPartitions(Ranged, Message):
     """Barrier of checkpoint ``checkpoint``: snapshot and upload these partitions; answers their manifests."""
 

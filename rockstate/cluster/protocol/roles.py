@@ -40,7 +40,7 @@ ROLES: dict[type[Message], frozenset[str]] = {
     n.IngestChunk: CLIENTS, n.IngestSst: CLIENTS, n.IngestAbort: CLIENTS,
     # a node: from the coordinator and other nodes only
     n.NodeStats: NODES, n.NodeFigures: NODES, n.NodeIdentity: NODES, n.NodeCount: NODES, n.NodeDefineState: NODES,
-    n.ApplyTable: NODES, n.SnapshotPartitions: NODES, n.FinishCheckpoint: NODES, n.RestorePartitions: NODES,
+    n.ApplyTable: NODES, n.SetCheckpoints: NODES, n.SnapshotPartitions: NODES, n.FinishCheckpoint: NODES, n.RestorePartitions: NODES,
     n.Freeze: NODES, n.Drain: NODES, n.Release: NODES, n.Thaw: NODES, n.Pull: NODES, n.PullDelta: NODES,
     n.PullDiscard: NODES, n.MoveCopy: NODES, n.MoveDelta: NODES, n.MoveDiscard: NODES, n.ReplicaApply: NODES,
     n.ReplicaCopy: NODES, n.ReplicaCatchUp: NODES, n.ReplicaPositions: NODES,
