@@ -157,8 +157,9 @@ function sparkline(values, { title = "", stroke = "#2d6cdf", W = 120, H = 20 } =
   const svg = document.createElementNS(ns, "svg");
   svg.setAttribute("width", W); svg.setAttribute("height", H);
   svg.setAttribute("class", "sparkline"); svg.dataset.points = values.length; svg.dataset.max = Math.max(0, ...values);
+  const drawn = values.length === 1 ? [values[0], values[0]] : values;  // one point: a flat line (a lone M draws nothing)
   const path = document.createElementNS(ns, "path");
-  path.setAttribute("d", values.map((v, i) => `${i ? "L" : "M"}${(i * W) / Math.max(values.length - 1, 1)},${H - 1 - (v / max) * (H - 2)}`).join(""));
+  path.setAttribute("d", drawn.map((v, i) => `${i ? "L" : "M"}${(i * W) / Math.max(drawn.length - 1, 1)},${H - 1 - (v / max) * (H - 2)}`).join(""));
   path.setAttribute("fill", "none"); path.setAttribute("stroke", stroke); path.setAttribute("stroke-width", "1.5");
   svg.append(path);
   if (title) {
