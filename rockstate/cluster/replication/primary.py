@@ -91,9 +91,6 @@ class Primaries:
     def pids(self) -> list[int]:
         return list(self._acks)
 
-    def backup_nodes(self) -> set[str]:
-        return {b for pid in self._acks for b in self._backups[pid]}
-
     def sender(self, node: str) -> asyncio.Event:
         """The event that wakes ``node``'s sender, made once per node."""
         return self._wake.setdefault(node, asyncio.Event())
