@@ -46,10 +46,21 @@ from .task import Plan, TaskRunner, _mode
 MAX_BATCH_BYTES = 64 << 20
 
 
+_parsed: dict[str, T.StructType] = {}  # DDL text -> its schema: inside foreachBatch the operator is built every batch
+
+
+def _parse(session, ddl: str) -> T.StructType:
+    """A DDL string parsed by the session (Spark Connect has no local parser), once per process."""
+    parsed = _parsed.get(ddl)
+    if parsed is None:
+        parsed = _parsed[ddl] = session.createDataFrame([], ddl).schema
+    return parsed
+
+
 def _struct(session, schema: T.StructType | str) -> T.StructType:
-    """``schema`` as a StructType; a DDL string is parsed by the session (Spark Connect has no local parser)."""
+    """``schema`` as a StructType."""
     try:
-        parsed = session.createDataFrame([], schema).schema if isinstance(schema, str) else schema
+        parsed = _parse(session, schema) if isinstance(schema, str) else schema
     except Exception as exc:  # Spark's parse error, as ours
         raise InvalidInputError(f"output_schema {schema!r} is not a DDL string of columns: {exc}") from None
     if not isinstance(parsed, T.StructType):
@@ -247,7 +258,7 @@ def _state_schemas(session, processor: StatefulProcessor, partitions: int) -> tu
     parsed = {}
     for ddl in collector.ddl:
         try:
-            parsed[ddl] = session.createDataFrame([], ddl).schema
+            parsed[ddl] = _parse(session, ddl)
         except Exception as exc:
             raise InvalidInputError(f"state schema {ddl!r} is not a DDL string of fields: {exc}") from None
     return parsed, collector.ttl

@@ -140,8 +140,10 @@ def route_by_owner(df: DataFrame, partition_col: str, owners: Sequence[str | Non
     """
     tasks = max(1, min(tasks, len(owners)))
     landing = bigint_landing_in(tasks)
-    route = F.array(*[F.lit(landing[t]).cast("bigint") for t in [*task_of_partition(owners, tasks), *range(tasks)]])
-    return df.repartition(tasks, route[F.col(partition_col)])
+    # one SQL expression, not a lit() per partition: inside foreachBatch this is built every micro-batch, and each
+    # Column made on the driver is a call into the JVM
+    numbers = ", ".join(f"{landing[t]}L" for t in [*task_of_partition(owners, tasks), *range(tasks)])
+    return df.repartition(tasks, F.expr(f"array({numbers})")[F.col(partition_col)])
 
 
 def with_markers(df: DataFrame, partition_col: str, partitions: int, tasks: int) -> DataFrame:
