@@ -78,6 +78,10 @@ def render(out: Output, address: str, status: dict, summary: dict) -> None:
     else:
         rows.append(("leader", f"{summary['leader'] or address} (a single coordinator)"))
     rows.append(("states", str(status.get("states", 0))))
+    restart = summary.get("restart") or {}
+    if restart:
+        rows.append(("restart", "; ".join(f"{node} ({', '.join(names)})" for node, names in sorted(restart.items()))
+                     + ": settings a node takes when it registers, changed on the coordinator since"))
     if out.mode == "plain":
         out.line(f"verdict\t{verdict}")
         for name, text in rows:

@@ -7,7 +7,9 @@ One pure function, ``summarize``, shared by ``rockstate status`` (its exit code)
   coordinator leads, or the coordinator cannot be asked at all (``unreachable``);
 - **degraded** (exit 1, HTTP 200 with ``"verdict": "degraded"``): partitions short of in-sync backups (fewer
   backups than ``backup_count``, one catching up, or waiting for the election of a new primary), failovers
-  in flight, a node in a state other than alive, leaving, left, drained or dead (a "suspect" one);
+  in flight, a node in a state other than alive, leaving, left, drained or dead (a "suspect" one), nodes
+  that run with settings the coordinator has changed since they registered (``restart``: their leases or
+  size limits are not the coordinator's);
 - **healthy** (exit 0, HTTP 200): none of these.
 
 A dead node is shown, but does not make the cluster degraded by itself: once its partitions were
@@ -53,6 +55,9 @@ def summarize(status: dict) -> dict:
     odd = {s: c for s, c in by_state.items() if s not in ("alive", "leaving", "left", "dead", "drained")}
     if odd:
         weak.append(", ".join(f"{c} node(s) {s}" for s, c in sorted(odd.items())))
+    restart = status.get("restart") or {}
+    if restart:
+        weak.append(f"restart {', '.join(sorted(restart))}: they run with settings the coordinator changed")
     verdict = "unavailable" if down else "degraded" if weak else "healthy"
     return {"verdict": verdict, "exit_code": EXIT[verdict], "reasons": down + weak,
             "nodes": {s: sorted(n["node_id"] for n in nodes if n["status"] == s) for s in by_state},
@@ -60,7 +65,7 @@ def summarize(status: dict) -> dict:
             "short_of_in_sync_backups": short, "waiting_for_election": electing,
             "moves": status.get("moves") or [], "failovers": failovers,
             "leader": coordinators.get("leader"), "standbys": coordinators.get("standbys") or [],
-            "checkpoints": status.get("checkpoints")}
+            "checkpoints": status.get("checkpoints"), "restart": restart}
 
 
 def unreachable(address: str, error: BaseException) -> dict:

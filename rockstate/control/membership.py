@@ -60,6 +60,12 @@ States of one member::
 
 A restarted coordinator loads the members with ``last_seen`` = now, giving
 each a whole timeout to check in.
+
+``needs_restart(current)``: a node takes some of the coordinator's settings
+only when it registers (``Member.settings``: the key and value limits, the
+heartbeat timeout its lease is half of); the members heard from whose
+settings differ from ``current`` (the coordinator was restarted with other
+values) and which of them, so the status can say which processes to restart.
 """
 
 from __future__ import annotations
@@ -91,6 +97,7 @@ class Member:
     suspect: bool = False  # ALIVE and silent for longer than suspect_after (Membership.suspects)
     drain: bool = False  # LEAVING for a drain: it ends DRAINED (kept with the record, as the status is)
     stopped: bool = False  # DRAINED and said it stops (its own leave), not heard since
+    settings: dict | None = None  # the coordinator's settings its registration gave it (None: not known, an older record)
     # the checkpoint storage URL its registration answered ("": none; None: not known, a record older than this field).
     # A node learns the storage only when it registers: one registered before the storage was set cannot checkpoint
     checkpoint_url: str | None = None
@@ -117,14 +124,15 @@ class Membership:
     @classmethod
     def from_wire(cls, heartbeat_timeout: float, saved: dict, now: float) -> "Membership":
         members = {nid: Member(nid, m["address"], MemberStatus(m["status"]), now, checkpoint_url=m.get("checkpoint_url"),
-                               drain=m.get("drain", False))
+                               drain=m.get("drain", False), settings=m.get("settings"))
                    for nid, m in saved.get("members", {}).items()}
         return cls(heartbeat_timeout, members, saved.get("next_id", 1))
 
     def to_wire(self) -> dict:
         return {"members": {m.node_id: {"address": m.address, "status": str(m.status),
                                         **({} if m.checkpoint_url is None else {"checkpoint_url": m.checkpoint_url}),
-                                        **({"drain": True} if m.drain else {})}
+                                        **({"drain": True} if m.drain else {}),
+                                        **({} if m.settings is None else {"settings": m.settings})}
                             for m in self.members.values()},
                 "next_id": self.next_id}
 
@@ -205,6 +213,17 @@ class Membership:
             m.suspect = True
         return suspected, recovered
 
+    def needs_restart(self, current: dict) -> dict[str, list[str]]:
+        """Members heard from (alive, leaving, drained) that took other values of ``current``'s settings when they
+        registered: member -> the names that differ."""
+        heard = (MemberStatus.ALIVE, MemberStatus.LEAVING, MemberStatus.DRAINED)
+        out = {}
+        for m in self.members.values():
+            stale = sorted(k for k, v in current.items() if m.settings is not None and m.settings.get(k, v) != v)
+            if stale and m.status in heard:
+                out[m.node_id] = stale
+        return out
+
     def checked_in_since(self, started: float) -> bool:
         """Every live member has been heard from since ``started`` (a restarted coordinator waits for it)."""
         return all(m.last_seen > started for m in self.alive())
@@ -213,9 +232,7 @@ class Membership:
         """A graceful leave (``drain``: a drain) begins; False when nothing moves: a DRAINED node stopping (it holds
         nothing and stays DRAINED), or no other node is alive to take its partitions (a leaving one is DEAD then:
         they wait on its disk for its return; a drain is refused)."""
-        member = self.members.get(node_id)
-        if member is None:
-            raise UnknownNodeError(f"node {node_id} is not a member")
+        member = self._known(node_id)
         if member.status is MemberStatus.DRAINED and not drain:
             member.stopped = True
             return False

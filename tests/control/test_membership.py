@@ -175,3 +175,21 @@ def test_a_silent_member_is_suspect_before_it_is_dead():
     assert ms.suspects(5.0) == ([], [])  # the dead one is neither suspect nor recovered
     assert ms.heartbeat("node-1", 5.2) is True  # back from the dead: alive, never "recovered" from a suspicion
     assert m1.shown == "alive" and ms.suspects(5.3) == ([], [])
+
+
+def test_needs_restart_names_the_heard_members_registered_under_other_settings():
+    ms = Membership(heartbeat_timeout=5.0)
+    for address in (A, B, "10.0.0.3:7701"):
+        ms.register(None, address, 0.0)
+    ms["node-1"].settings = {"max_value_bytes": 16, "heartbeat_timeout": 5.0}
+    ms["node-2"].settings = {"max_value_bytes": 32, "heartbeat_timeout": 5.0}  # node-3: an older record, not known
+    current = {"max_value_bytes": 32, "heartbeat_timeout": 5.0}
+    assert ms.needs_restart(current) == {"node-1": ["max_value_bytes"]}
+    assert ms.needs_restart({**current, "heartbeat_timeout": 3.0}) == {"node-1": ["heartbeat_timeout", "max_value_bytes"],
+                                                                       "node-2": ["heartbeat_timeout"]}
+    again = Membership.from_wire(5.0, ms.to_wire(), now=1.0)  # kept with the record
+    assert again.needs_restart(current) == {"node-1": ["max_value_bytes"]}
+    ms.expire(3.0)
+    ms.heartbeat("node-2", 5.5)
+    ms.expire(5.5)  # node-1 dead: nothing to restart
+    assert ms.needs_restart(current) == {}

@@ -1,7 +1,8 @@
-"""Checkpoints turned on, or moved, for a running cluster (issue 31 item 3): the coordinator tells every node its
+"""Settings on a running cluster (issue 31 item 3). Checkpoints turned on, or moved: the coordinator tells every node its
 checkpoint storage once it leads -- at the node's next heartbeat, and before it answers a checkpoint request -- so
 nodes that keep running take part at once. A node that cannot learn it live (one of a version without
-``SetCheckpoints``) is named in a refusal that leaves no ABORTED entry in the history."""
+``SetCheckpoints``) is named in a refusal that leaves no ABORTED entry in the history. A setting a node takes only when it registers
+(the size limits, the heartbeat timeout), changed on the coordinator: `rockstate status` names the nodes to restart."""
 
 import glob
 import os
@@ -70,3 +71,26 @@ def test_a_node_that_cannot_learn_the_storage_live_is_named_and_no_aborted_entry
     with cluster.connect() as rs:
         rs.checkpoint()
         assert [str(c.state) for c in rs.checkpoints()] == ["COMPLETED"], rs.checkpoints()
+
+
+@gen_cluster(nodes=2, partitions=4, processes=True)
+def test_the_status_names_the_nodes_to_restart_for_a_setting_taken_at_registration(cluster):
+    from .test_cli_status import run
+
+    cluster.wait_balanced()
+    nodes = sorted(n.node_id for n in cluster.nodes())
+    cluster.kill_coordinator()
+    cluster.restart_coordinator(max_value_bytes=1 << 20)  # a node checks writes against the limit it registered with
+    wait_until(lambda: cluster.status()["unavailable"] == 0, 30, "the coordinator back")
+    status = run("status", "--coordinator", cluster.address)
+    assert status.returncode == 1, status.stdout  # degraded
+    first, *rest = status.stdout.splitlines()
+    assert f"restart {', '.join(nodes)}: they run with settings the coordinator changed" in first, status.stdout
+    assert f"{nodes[0]} (max_value_bytes); {nodes[1]} (max_value_bytes)" in " ".join(" ".join(rest).split()), status.stdout
+    for i, node in enumerate(nodes):
+        cluster.stop_node(node)
+        cluster.restart_node(node)
+        cluster.wait_balanced()
+        assert cluster.status()["restart"] == {n: ["max_value_bytes"] for n in nodes[i + 1:]}
+    status = run("status", "--coordinator", cluster.address)
+    assert status.returncode == 0 and "HEALTHY" in status.stdout.splitlines()[0], status.stdout

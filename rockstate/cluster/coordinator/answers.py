@@ -19,7 +19,7 @@ from ...store.catalog import unknown_state
 from .checkpoints import ClusterCheckpoints
 from .metrics import CoordinatorMetrics
 from .peers import Peers
-from .state import ClusterState, limits
+from .state import ClusterState, limits, node_settings
 from .web.load import SAMPLE_EVERY, LoadHistory
 from .web.status import FIGURES_EVERY, FIGURES_TIMEOUT, SIZES_EVERY, SIZES_TIMEOUT, Asked, cluster_status, sizes, table_status
 from .. import protocol as p
@@ -102,12 +102,14 @@ class ClusterAnswers:
         stats = None if self.sizes.at == float("-inf") else sizes(
             merge_stats(state.specs, [(n, a) for n, a in asked.items() if a is not None]), state.table.partitions,
             time.monotonic() - self.sizes.at)
-        return cluster_status(
+        return {**cluster_status(
             status, figures, events, states=len(state.specs), sizes=stats, coordinators=await self._coordinators(),
             failovers=state.failovers, backup_count=self.config.backup_count, replication=self.config.replication,
             replicas=self.replicas.status() if self.replicas.enabled else [], pipelines=state.pipelines.values(),
             checkpoints=None if checkpoints is None else {
-                "url": checkpoints.config.url, "latest": checkpoints.latest(), "history": history})
+                "url": checkpoints.config.url, "latest": checkpoints.latest(), "history": history}),
+            # nodes that took other values of the settings a node takes only at registration: to restart
+            "restart": state.membership.needs_restart(node_settings(self.config))}
 
     def load_document(self) -> dict:
         """Each member's throughput and latency over the last minutes (web/load.py)."""

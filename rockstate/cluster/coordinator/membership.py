@@ -23,7 +23,7 @@ from ...retry import Retry
 from ...rpc.server import Connection
 from .. import protocol as p
 from .peers import Peers
-from .state import ClusterState, checkpoint_config, limits
+from .state import ClusterState, checkpoint_config, limits, node_settings
 from ..identity import refuse_takeover
 from ..replication.in_sync import ReplicaControl
 
@@ -60,6 +60,7 @@ class MemberHandlers:
         self._watching(time.monotonic())
         checkpoints = checkpoint_config(self.config)
         state.membership[node_id].checkpoint_url = checkpoints.url or "" if checkpoints else ""  # what it learns below
+        state.membership[node_id].settings = node_settings(self.config)  # as is the reply's
         self._told.add(node_id)
         if msg.zone:
             self.replicas.zones[node_id] = msg.zone

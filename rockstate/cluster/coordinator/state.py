@@ -28,6 +28,12 @@ def limits(config: CoordinatorConfig) -> dict:
     return {"max_key_bytes": config.max_key_bytes, "max_value_bytes": config.max_value_bytes}
 
 
+def node_settings(config: CoordinatorConfig) -> dict:
+    """The coordinator's settings a node takes only when it registers (its lease is half the heartbeat timeout):
+    changed, they need every node restarted (``Membership.needs_restart``; docs/operations.md lists them)."""
+    return {**limits(config), "heartbeat_timeout": config.heartbeat_timeout}
+
+
 @dataclass
 class ClusterState:
     table: Table
