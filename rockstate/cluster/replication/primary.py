@@ -61,6 +61,27 @@ def stored_bytes(stored: list) -> int:
     return size
 
 
+class _Wait:
+    """A request waiting until its partitions' batches are applied: done when the last of them is."""
+
+    def __init__(self, done: asyncio.Future) -> None:
+        self.done, self.remaining = done, 0
+
+    def one_acknowledged(self) -> None:
+        self.remaining -= 1
+        if self.remaining == 0 and not self.done.done():
+            self.done.set_result(None)
+
+    def failed(self, error: Exception) -> None:
+        if not self.done.done():
+            self.done.set_exception(error)
+
+    def cancel(self) -> None:
+        """Waited for no more (answered, timed out, cancelled): ``_resolve`` drops its entries."""
+        if not self.done.done():
+            self.done.cancel()
+
+
 def _under_lock(part: Partition, action: Callable[[], None]) -> None:
     with part.lock:
         action()
@@ -78,7 +99,7 @@ class Primaries:
         self._logs: dict[int, deque[Entry]] = {}  # pid -> its batches, oldest first
         self._shipped_to: dict[int, int] = {}  # pid -> the last batch in its log
         self._sent: dict[tuple[str, int], int] = {}  # (backup, pid) -> its position as the primary knows it
-        self._waiters: dict[int, list[tuple[int, asyncio.Future]]] = {}
+        self._waiters: dict[int, list[tuple[int, _Wait]]] = {}  # pid -> (seq, the request waiting for it)
         self._wake: dict[str, asyncio.Event] = {}  # backup node -> its sender's
         self._dirty: dict[str, set[int]] = {}  # backup node -> partitions with batches for it since its last send
         self._loop: asyncio.AbstractEventLoop | None = None  # the node's, where ``shipped`` posts from other threads
@@ -138,9 +159,8 @@ class Primaries:
         self._shipped_to.pop(pid, None)
         for key in [k for k in self._sent if k[1] == pid]:
             del self._sent[key]
-        for _, fut in self._waiters.pop(pid, []):
-            if not fut.done():
-                fut.set_exception(PartitionUnavailableError(f"partition {pid} has a new primary; retry", partition=pid))
+        for _, wait in self._waiters.pop(pid, []):
+            wait.failed(PartitionUnavailableError(f"partition {pid} has a new primary; retry", partition=pid))
 
     def diverged(self, pid: int) -> None:
         """The primary's copy was replaced (a restore): its backups no longer hold a prefix of it; they catch up anew."""
@@ -216,35 +236,45 @@ class Primaries:
                 self._wake[b].set()
 
     async def acknowledged(self, pids: Iterable[int]) -> None:
-        """Once every backup the primary waits for applied the batches of ``pids`` so far."""
+        """Once every backup the primary waits for applied the batches of ``pids`` so far: one wait for the request,
+        whatever the number of its partitions (a future and a timer each cost a loop round per partition)."""
+        wait: _Wait | None = None
         for pid in pids:
             acks = self._acks.get(pid)
             if acks is None:
                 continue
-            self._queued(pid)
             seq = self._shipped_to[pid]
+            if acks.last_sent < seq:  # shipped from another thread, not yet queued on the loop
+                self._queued(pid)
             if acks.acked >= seq:
                 continue
-            fut = asyncio.get_running_loop().create_future()
-            self._waiters.setdefault(pid, []).append((seq, fut))
-            try:
-                await asyncio.wait_for(fut, 4 * self._timeout() + 5.0)
-            except TimeoutError:
-                raise PartitionUnavailableError(
-                    f"partition {pid}'s backups have not applied its batch {seq}; retry", partition=pid) from None
+            if wait is None:
+                wait = _Wait(asyncio.get_running_loop().create_future())
+            wait.remaining += 1
+            self._waiters.setdefault(pid, []).append((seq, wait))
+        if wait is None:
+            return
+        try:
+            await asyncio.wait_for(wait.done, 4 * self._timeout() + 5.0)
+        except TimeoutError:
+            pid, seq = next(((pid, seq) for pid, waiting in self._waiters.items() for seq, w in waiting if w is wait), (-1, 0))
+            raise PartitionUnavailableError(
+                f"partition {pid}'s backups have not applied its batch {seq}; retry", partition=pid) from None
+        finally:
+            wait.cancel()
 
     def _resolve(self, pid: int, newly: list) -> None:
         acks, waiting = self._acks.get(pid), self._waiters.get(pid)
         if acks is None or not waiting:
             return
         keep = []
-        for seq, fut in waiting:
-            if fut.done():
+        for seq, wait in waiting:
+            if wait.done.done():
                 continue
             if acks.acked >= seq:
-                fut.set_result(None)
+                wait.one_acknowledged()
             else:
-                keep.append((seq, fut))
+                keep.append((seq, wait))
         self._waiters[pid] = keep
 
     # -- a backup's copy (copies.py) ---------------------------------------------------------
