@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from ...errors import ProtocolError
 from ...names import check_base
-from .base import I64, Message, Ranged
+from ...ops import APPEND, DELETE, DELETE_MANY, DELETE_RANGE, PUT, PUT_MANY, RAW_PUT, RAW_PUT_MANY
+from .base import I64, U32, Message, Ranged
+
+MAX_REPLICA_ITEMS = 10_000  # batches in one ReplicaApply (a primary sends at most 2,000; its frame is bounded too)
+_KEYS, _VALUES = (bytes, list, tuple), (bytes, list, tuple, type(None))  # a key or a list; a value, a list or none (a delete)
+STORED_CODES = frozenset((PUT, DELETE, APPEND, PUT_MANY, DELETE_MANY, RAW_PUT, DELETE_RANGE, RAW_PUT_MANY))
 
 # -- served by a node: asked by the coordinator -----------------------------------
 
@@ -167,11 +173,38 @@ class MoveDiscard(Message):
 
 
 class ReplicaApply(Message):
-    """From a partition's primary, its batches in order: ``items`` is [[pid, replica epoch, seq, stored ops], ...];
-    answers [[pid, last applied seq, status], ...] (status: ``ok``, ``stale`` epoch, ``not_ready``: no copy yet)."""
+    """From a primary node, to one backup node: batches of many partitions in one message, each partition's in its
+    order. ``items`` is [[pid, replica epoch, seq, stored ops or None (a probe)], ...], at most MAX_REPLICA_ITEMS;
+    answers [[pid, last applied seq, status], ...], one per partition (status: ``ok``, ``stale`` epoch,
+    ``behind``: a gap, ``not_ready``: no copy yet). Checked whole before any batch applies: each item's shape, its
+    numbers' ranges, a partition's sequence numbers rising through the message, and each stored op's shape (the
+    items of a key or value list are checked as they are applied)."""
 
     op = "replica_apply"
     items: list
+
+    def __post_init__(self) -> None:
+        if len(self.items) > MAX_REPLICA_ITEMS:
+            raise ProtocolError(f"a 'replica_apply' message carries at most {MAX_REPLICA_ITEMS} batches, not {len(self.items)}",
+                                op=self.op, field="items")
+        last: dict[int, int] = {}
+        for item in self.items:
+            if type(item) is not list or len(item) != 4 or type(item[0]) is not int or type(item[1]) is not int \
+                    or type(item[2]) is not int or not 0 <= item[0] <= U32 or not 0 <= item[1] <= I64 \
+                    or not 0 <= item[2] <= I64 or (item[3] is not None and type(item[3]) is not list):
+                raise ProtocolError(f"a 'replica_apply' item is [partition, replica epoch, seq, stored ops or None], "
+                                    f"not {item!r:.100}", op=self.op, field="items")
+            pid, seq, stored = item[0], item[2], item[3]
+            if stored is not None:
+                if seq <= last.get(pid, 0):
+                    raise ProtocolError(f"partition {pid}'s batch {seq} follows its batch {last[pid]} in a 'replica_apply' "
+                                        "message: a partition's batches come in order", op=self.op, field="items")
+                last[pid] = seq
+                for op in stored:
+                    if type(op) not in (list, tuple) or len(op) != 4 or type(op[0]) is not int or op[0] not in STORED_CODES \
+                            or type(op[1]) is not str or type(op[2]) not in _KEYS or type(op[3]) not in _VALUES:
+                        raise ProtocolError(f"a stored op of partition {pid}'s batch {seq} is [code, state, key, value], "
+                                            f"not {op!r:.100}", op=self.op, field="items")
 
 
 class ReplicaCopy(Ranged, Message):

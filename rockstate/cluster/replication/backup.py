@@ -14,7 +14,7 @@ from collections import deque
 from typing import Callable
 
 from ...control.write_acks import BackupApply
-from ...errors import ReplicaBehindError, RockstateError, StaleEpochError
+from ...errors import ProtocolError, ReplicaBehindError, RockstateError, StaleEpochError
 from ...store import Store
 from .. import protocol as p
 from .outcomes import Applied
@@ -85,6 +85,8 @@ class Backups:
                 status = Applied.BEHIND
             except RockstateError:  # its copy closed meanwhile (dropped, replaced)
                 status = Applied.NOT_READY
+            except (KeyError, TypeError, ValueError) as e:  # an item of a key or value list that is not bytes
+                raise ProtocolError(f"partition {pid}'s batch {seq} in a 'replica_apply' message: {e}") from None
             answers[pid] = [pid, backup.last_applied, status]
         return list(answers.values())
 

@@ -1,0 +1,151 @@
+"""``ReplicaApply``: one message per backup node carrying many partitions' batches, each partition's in order.
+
+The message's checks (untrusted input: every item checked before any batch applies), and a real primary's
+``Primaries`` feeding a real backup's ``Backups`` (each over its own ``Store``) frame by frame, without the
+network in between, so a frame can be lost, repeated or overtaken by a partition's move at will.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rockstate.cluster import protocol as p
+from rockstate.cluster.protocol.node import MAX_REPLICA_ITEMS
+from rockstate.cluster.replication.backup import Backups
+from rockstate.cluster.replication.outcomes import Applied
+from rockstate.cluster.replication.primary import Primaries
+from rockstate.config import StoreConfig
+from rockstate.errors import ProtocolError
+from rockstate.ops import PUT, RAW_PUT
+from rockstate.store import StateSpec, Store
+
+PIDS = (0, 1, 2, 3)
+
+
+def _put(key: bytes) -> list:
+    return [RAW_PUT, "s", key, b"v"]
+
+
+@pytest.mark.parametrize("items", [
+    [[0, 1, 2, [_put(b"k")]], [0, 1, 1, [_put(b"k")]]],  # a partition's batches out of order
+    [[0, 1, 1, [_put(b"k")]], [0, 1, 1, [_put(b"k")]]],  # the same batch twice
+    [[0, 1]],  # short
+    [["0", 1, 1, None]],  # a partition that is no int
+    [[-1, 1, 1, None]],  # out of range
+    [[0, 1, 1 << 64, None]],
+    [[0, 1, 1, "ops"]],
+    [[0, 1, 1, [[99, "s", b"k", b"v"]]]],  # an op code that is not stored
+    [[0, 1, 1, [[RAW_PUT, 5, b"k", b"v"]]]],  # a state that is no str
+    [[0, 1, 1, [[RAW_PUT, "s", 5, b"v"]]]],
+    [[0, 1, 1, [[RAW_PUT, "s", b"k"]]]],
+    "not a list",
+])
+def test_a_malformed_message_is_refused_whole(items):
+    with pytest.raises(ProtocolError):
+        p.ReplicaApply.from_wire({"op": "replica_apply", "items": items})
+
+
+def test_a_message_is_bounded():
+    with pytest.raises(ProtocolError, match="at most"):
+        p.ReplicaApply(items=[[0, 1, 0, None]] * (MAX_REPLICA_ITEMS + 1))
+    p.ReplicaApply(items=[[pid, 1, 1, [_put(b"k")]] for pid in range(100)] + [[0, 1, 2, None], [0, 1, 2, [_put(b"j")]]])
+
+
+def _stores(tmp_path) -> tuple[Store, Store]:
+    stores = []
+    for name in ("primary", "backup"):
+        store = Store(str(tmp_path / name), StoreConfig(partitions=len(PIDS)))
+        store.define_state(StateSpec("s", "value"))
+        stores.append(store)
+    return stores[0], stores[1]
+
+
+def test_many_partitions_in_one_frame_each_in_order_through_a_lost_frame_and_a_move(tmp_path):
+    primary_store, backup_store = _stores(tmp_path)
+    reports: list = []
+    primaries = Primaries(lambda: primary_store, lambda *r: reports.append(r), lambda *r: reports.append(r), lambda: 5.0)
+    backups = Backups(lambda: backup_store)
+
+    async def run() -> None:
+        primaries.on_loop()
+        primaries.sender("b")
+        for pid in PIDS:
+            primaries.lead(pid, 1, ("b",), ("b",), "sync", lambda pid, seq: [])
+            backups.adopt(pid, 1, 0)
+
+        written = iter(range(100))
+
+        def write(n: int) -> None:
+            for i in [next(written) for _ in range(n)]:
+                for pid in PIDS:
+                    primary_store.write(pid, [(PUT, "s", f"k{pid}-{i}".encode(), f"v{i}".encode())])
+
+        def send(deliver: bool = True, answer: bool = True) -> list:
+            out = primaries.outgoing("b", False)
+            if not out.items:
+                return []
+            msg = p.ReplicaApply.from_wire(p.ReplicaApply(items=out.items).to_wire())  # as the backup decodes it
+            if not deliver:
+                primaries.unreachable("b", {i[0] for i in out.items})
+                return out.items
+            replies = backups._apply(msg.items)
+            if answer:
+                primaries.answered("b", replies, out.carried)
+            else:
+                primaries.unreachable("b", {i[0] for i in out.items})
+            return replies
+
+        # three batches of every partition ride in one frame, each partition's in its order
+        write(3)
+        waiting = asyncio.ensure_future(primaries.acknowledged(PIDS))
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        replies = send()
+        assert sorted(map(tuple, replies)) == [(pid, 3, Applied.OK) for pid in PIDS]
+        await asyncio.wait_for(waiting, 5)
+
+        # a frame the backup never gets: the next carries its batches again, in order
+        write(2)
+        lost = send(deliver=False)
+        assert {(i[0], i[2]) for i in lost} == {(pid, s) for pid in PIDS for s in (4, 5)}
+        write(1)
+        primaries._dirty.setdefault("b", set()).update(PIDS)  # the sender's full look after an unreachable backup
+        assert sorted(map(tuple, send())) == [(pid, 6, Applied.OK) for pid in PIDS]
+        await asyncio.wait_for(primaries.acknowledged(PIDS), 5)
+
+        # a frame applied whose answer is lost: sent again, the backup skips what it holds and says where it is
+        write(1)
+        send(answer=False)
+        primaries._dirty.setdefault("b", set()).update(PIDS)
+        assert sorted(map(tuple, send())) == [(pid, 7, Applied.OK) for pid in PIDS]
+
+        # a batch past a gap (a frame overtaken): answered with the backup's position, resent from there
+        write(1)
+        out = primaries.outgoing("b", False)
+        assert sorted(map(tuple, backups._apply([i for i in out.items if i[2] != 8] + [[0, 1, 9, [_put(b"x")]]]))) \
+            [0] == (0, 7, Applied.BEHIND)
+        primaries._dirty.setdefault("b", set()).update(PIDS)
+        assert sorted(map(tuple, send())) == [(pid, 8, Applied.OK) for pid in PIDS]
+
+        # partition 2 moves away from the backup between frames: the others go on, it answers not ready
+        backups.forget(2)
+        backup_store.close_partition(2, drop=True)
+        write(1)
+        assert sorted(map(tuple, send())) == [(0, 9, Applied.OK), (1, 9, Applied.OK), (2, 0, Applied.NOT_READY),
+                                              (3, 9, Applied.OK)]
+        # a deposed primary's batch (an older replica epoch) is refused as stale
+        backups.configure(3, 2)
+        assert backups._apply([[3, 1, 10, [_put(b"late")]]]) == [[3, 9, Applied.STALE]]
+        primaries.stop()
+
+    asyncio.run(run())
+    try:
+        for pid in (0, 1, 3):  # the backup holds exactly the primary's data, batch after batch
+            assert backup_store.partition(pid).seq() == primary_store.partition(pid).seq() == 9
+            assert backup_store.scan(pid, "s") == primary_store.scan(pid, "s")
+            assert len(backup_store.scan(pid, "s")) == 9
+    finally:
+        primary_store.close()
+        backup_store.close()
