@@ -81,6 +81,9 @@ class Case:
     # Spark's operator fails in this harness (see SPARK_FAILS): rockstate's output is checked against what
     # Spark's own test module expects of Spark, batch by batch (the columns given)
     expected: dict | None = None
+    # ((major, minor), state variable): Spark lines whose state data source cannot read that variable of Spark's
+    # operator (see SPARK_42_UNREADABLE); there rockstate must hold none of it, and Spark's reader must still fail so
+    unreadable_on: tuple = ()
 
     @property
     def name(self) -> str:
@@ -116,9 +119,15 @@ TTL_EXPECTED = {
             "id=ttl-count-1,count=3", "id=count-1,count=3", "id=ttl-list-state-count-1,count=7", "id=ttl-map-state-count-1,count=3"),
 }
 
+# PySpark 4.2.1's state data source fails to read a state variable the processor deleted with deleteIfExists: the
+# operator's metadata still lists it, its RocksDB column family is gone ("operation=iterator not supported on
+# missing column family=tempState"). Spark's operator itself runs, and its output is compared as on every line.
+SPARK_42_UNREADABLE = "STATE_STORE_UNSUPPORTED_OPERATION_ON_MISSING_COLUMN_FAMILY"
+
 GROUPS = {
     "states": Group([R1, R2], [
-        Case("SimpleStatefulProcessor", COUNT), Case("InvalidSimpleStatefulProcessor", COUNT),
+        Case("SimpleStatefulProcessor", COUNT, unreadable_on=(((4, 2), "tempState"),)),
+        Case("InvalidSimpleStatefulProcessor", COUNT),
         Case("ListStateProcessor", COUNT), Case("MapStateProcessor", COUNT),
         Case("ListStateLargeTTLProcessor", COUNT, "processingTime", expected={b: rows("id=0,countAsString=2", "id=1,countAsString=2") for b in (0,)}),
         Case("MapStateLargeTTLProcessor", COUNT, "processingTime", expected={0: rows("id=0,countAsString=2", "id=1,countAsString=2")}),
@@ -254,8 +263,11 @@ def masked(rows: list[dict], mask: Callable[[dict], dict] | None) -> list[str]:
     return sorted(json.dumps(mask(r) if mask else r, sort_keys=True) for r in rows)
 
 
-def spark_states(spark, chk: str, operator: int, batch: int) -> dict[str, list]:
-    """Every state variable of Spark's operator ``operator``, as (key, [user key,] value) tuples, by its state data source."""
+def spark_states(spark, chk: str, operator: int, batch: int, unreadable: tuple = ()) -> dict[str, list]:
+    """Every state variable of Spark's operator ``operator``, as (key, [user key,] value) tuples, by its state data source.
+
+    ``unreadable``: variables this Spark line's reader fails on (``Case.unreadable_on``), taken as holding nothing
+    once the read fails as expected."""
     meta = spark.read.format("state-metadata").load(chk).filter(F.col("operatorId") == operator).collect()
     props = json.loads(meta[0]["operatorProperties"])
     out = {}
@@ -264,6 +276,11 @@ def spark_states(spark, chk: str, operator: int, batch: int) -> dict[str, list]:
         df = (spark.read.format("statestore").option("operatorId", operator).option("stateVarName", name)
               .option("batchId", batch).load(chk))
         cols = [c for c in df.columns if c not in ("partition_id",)]
+        if name in unreadable:
+            with pytest.raises(Exception, match=SPARK_42_UNREADABLE):  # else Spark fixed it: drop the expectation
+                df.collect()
+            out[name] = []
+            continue
         out[name] = sorted((tuple(_plain(r[c]) for c in cols) for r in df.collect()), key=repr)
     return out
 
@@ -349,7 +366,7 @@ def test_spark_processors_ported_by_renaming_give_sparks_output_and_state(tws, c
         theirs, ours = seen.get(("spark", batch), []), seen.get(("rockstate", batch), [])
         assert masked(ours, case.mask) == masked(theirs, case.mask), f"batch {batch}"
     assert any(seen.get(("spark", b)) for b in range(len(group.files))), "Spark gave no output at all"
-    theirs = spark_states(tws, chk, 0, len(group.files) - 1)
+    theirs = spark_states(tws, chk, 0, len(group.files) - 1, tuple(v for line, v in case.unreadable_on if line == SPARK_VERSION))
     assert rockstate_states(rs, query, case, theirs, spark_schemas(tws, chk, 0)) == theirs
 
 
