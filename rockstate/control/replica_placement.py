@@ -48,7 +48,7 @@ from bisect import bisect_left, insort
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from .assignment import assign
 from .membership import MemberStatus
@@ -186,7 +186,10 @@ class _Backups:
 
 
 def handover_adds(replicas: Replicas, pid: int, source: str, target: str, in_sync: set[str],
-                  statuses: Mapping[str, MemberStatus], backup_count: int, zones: Mapping[str, str] | None = None) -> list[str]:
+                  statuses: Mapping[str, MemberStatus], backup_count: int, zones: Mapping[str, str] | None = None,
+                  wanted: Callable[[], Sequence[str]] | None = None) -> list[str]:
+    """``wanted()``: the replicas a plan gives the partition (default: a ``plan`` of ``replicas`` now, O(P): a caller
+    handing over many partitions at once passes one plan's answer for all of them)."""
     current = set(replicas[pid])
     adds = [] if target in current else [target]
     need = backup_count + 1 - len((set(in_sync) | {target}) - {source})
@@ -194,8 +197,8 @@ def handover_adds(replicas: Replicas, pid: int, source: str, target: str, in_syn
         return adds
     load = Counter(n for r in replicas for n in r)
     free = [n for n, s in sorted(statuses.items()) if s is MemberStatus.ALIVE and n not in current and n not in adds]
-    wanted = plan(replicas, statuses, backup_count, zones).target[pid]
-    free.sort(key=lambda n: (n not in wanted, load[n], n))
+    planned = wanted() if wanted is not None else plan(replicas, statuses, backup_count, zones).target[pid]
+    free.sort(key=lambda n: (n not in planned, load[n], n))
     return adds + free[:need]
 
 

@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 
 CATCH_UP_TIMEOUT = 600.0
 LEAVE_TIMEOUT = 300.0  # seconds a leaving node's backups may take to be replaced
+PLAN_AGE = 2.0  # seconds a replica plan serves handovers for
 STUCK = 10  # replica timeouts a backup may stay out of sync before it copies anew (a copy under load takes seconds to stream level)
 
 
@@ -71,6 +72,7 @@ class ReplicaControl:
         self._publish, self._statuses, self._channel, self._address = publish, statuses, channel, address
         self._restore_lost, self._spawn, self._event = restore_lost, spawn, event
         self._copies = CopyBatches(self._send_catch_up, config.max_concurrent_migrations)
+        self._plan: tuple[float, replica_placement.ReplicaPlan] | None = None  # (when, the plan): see _planned
         self.load({}, [])
 
     def load(self, saved: dict, owners: Sequence[str | None]) -> None:
@@ -217,9 +219,17 @@ class ReplicaControl:
             log.info("move of partition %d from %s to %s dropped: its primary is %s now", pid, move.source, move.target, s.primary)
             return
         adds = replica_placement.handover_adds(self.sets.table(), pid, move.source, move.target, s.in_sync,
-                                               self._statuses(), self.backup_count, self.zones)
+                                               self._statuses(), self.backup_count, self.zones, lambda: self._planned(pid))
         await run_handover(Handover(pid, move.source, move.target, tuple(adds)), self.sets, carry_out=self.carry_out,
                            catch_up=self.catch_up, channel=self._channel, event=self._event)
+
+    def _planned(self, pid: int) -> list[str]:
+        """The replicas a plan gives ``pid``; one plan, at most ``PLAN_AGE`` seconds old, serves every handover of a
+        round (a plan is O(P): one per handover held the loop for seconds at P=1024)."""
+        now = time.monotonic()
+        if self._plan is None or now - self._plan[0] > PLAN_AGE:
+            self._plan = now, replica_placement.plan(self.sets.table(), self._statuses(), self.backup_count, self.zones)
+        return self._plan[1].target[pid]
 
     async def moved_off(self, node: str, timeout: float = LEAVE_TIMEOUT) -> None:
         """A leaving node's backups are replaced (``ensure``: each new one in sync before the old one is dropped);
