@@ -9,6 +9,11 @@ announced; a process kill keeps what was written (the OS holds it), so no
 fsync. On start the file is read back and compacted to the last ``KEEP``.
 Without a path the log lives in memory from the events it is given (a
 coordinator on ZooKeeper keeps its recent window there: ``persistence.py``).
+
+``EventLines`` writes them to the log: one INFO line per event, except the
+ones that come one per partition (``ROUTINE``), which are logged at DEBUG
+and summed into one INFO line per burst -- a join that moves 64 partitions
+is a line, not 200.
 """
 
 from __future__ import annotations
@@ -18,12 +23,17 @@ import json
 import logging
 import os
 import time
-from collections import deque
+from collections import Counter, deque
 from typing import Any, Callable, Iterable
 
 log = logging.getLogger(__name__)
 
 KEEP = 1000  # events kept in memory and in the file after compaction
+# one per partition, summed per burst (the event log keeps each): a move's steps, a backup's copy or fall out of sync,
+# a promotion; a partition restored from a checkpoint keeps its line (it names the checkpoint)
+ROUTINE = frozenset({"migration_started", "migration_finished", "replica_copied", "replica_out_of_sync", "primary_promoted"})
+QUIET = 1.0  # seconds without a routine event that end a burst
+LONGEST = 10.0  # seconds a burst is summed over at most (a line at least this often while moves go on)
 
 
 class EventLog:
@@ -78,6 +88,55 @@ class EventLog:
 
     def latest(self, n: int) -> list[dict]:
         return list(self.events)[-n:]
+
+
+class EventLines:
+    """The log lines of the events (see the module's docstring)."""
+
+    def __init__(self, quiet: float = QUIET, longest: float = LONGEST) -> None:
+        self.quiet, self.longest = quiet, longest
+        self._counts: Counter[tuple[str, str]] = Counter()  # (event, "source -> target") -> how many
+        self._bytes = 0
+        self._since = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+
+    def log(self, event: str, data: dict) -> None:
+        if event not in ROUTINE:
+            log.info("event %s %s", event, data)
+            return
+        log.debug("event %s %s", event, data)
+        now = time.monotonic()
+        if not self._counts:
+            self._since = now
+        where = (f"{data.get('source') or data.get('primary') or data.get('previous') or 'none'} -> "
+                 f"{data.get('target') or data.get('node')}" + (f" ({data['reason']})" if data.get("reason") else ""))
+        self._counts[event, where] += 1
+        self._bytes += data.get("bytes") or 0
+        if self._timer is not None:
+            self._timer.cancel()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a test driving it by hand): nothing would come to end the burst
+            self.flush()
+            return
+        self._timer = loop.call_later(0 if now - self._since >= self.longest else self.quiet, self.flush)
+
+    def flush(self) -> None:
+        """One line for the burst so far: each event's count, by source -> target."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._counts:
+            return
+        by_event: dict[str, list[tuple[str, int]]] = {}
+        for (event, where), n in sorted(self._counts.items()):
+            by_event.setdefault(event, []).append((where, n))
+        parts = [f"{sum(n for _, n in wheres)} {event} ({', '.join(f'{w}: {n}' for w, n in wheres[:6])}"
+                 f"{', ...' if len(wheres) > 6 else ''})" for event, wheres in by_event.items()]
+        copied = f", {self._bytes / 1e6:.1f} MB copied" if self._bytes else ""
+        log.info("events over %.1f s: %s%s", time.monotonic() - self._since, "; ".join(parts), copied)
+        self._counts.clear()
+        self._bytes = 0
 
 
 def _read(path: str) -> list[dict]:

@@ -64,6 +64,13 @@ HANDOVERS = 64  # handovers (moves with backups) at once; their copies still go 
 FAILOVER_RETRY = Retry(deadline=None, initial=0.2, maximum=5.0, retry_on=lambda e: isinstance(e, _NotYet))  # until it is done
 
 
+def _by_route(moves: list[placement.Move]) -> str:
+    routes: dict[tuple[str | None, str], int] = {}
+    for m in moves:
+        routes[m.source, m.target] = routes.get((m.source, m.target), 0) + 1
+    return ", ".join(f"{s} -> {t}: {n}" for (s, t), n in sorted(routes.items(), key=str)) or "none"
+
+
 class Placement:
     def __init__(self, config: CoordinatorConfig, state: ClusterState, replicas: ReplicaControl, peers: Peers, *,
                  lock: asyncio.Lock, checkpoints: Callable[[], ClusterCheckpoints | None], save: Callable[[], Awaitable[None]],
@@ -132,6 +139,9 @@ class Placement:
                 return 0
             planned = placement.rebalance(self.state.table.owners, self.state.membership.statuses())
             first, moves = placement.unassigned(planned)
+            started = time.monotonic()
+            if planned:  # one line per round (its moves' events are summed per burst: events.py)
+                log.info("placement: %d partition(s) assigned, %d to move (%s)", len(first), len(moves), _by_route(moves))
             if first:  # one table for all, whatever P
                 owners = list(self.state.table.owners)
                 for pid, owner in first.items():
@@ -149,7 +159,10 @@ class Placement:
             # next rebalance (it would plan the same partitions again, and two handovers of one would race)
             failed = [r for r in await asyncio.gather(*(one(mv) for mv in moves), return_exceptions=True) if r is not None]
             if failed:
+                log.info("placement: %d of %d move(s) failed (the first: %s)", len(failed), len(moves), failed[0])
                 raise failed[0]
+            if moves:
+                log.info("placement: %d partition(s) moved in %.1f s", len(moves), time.monotonic() - started)
             checkpoints = self._checkpoints()  # (restore_on_start: a cluster with checkpoints)
             if self._restore_on_start and checkpoints is not None and None not in self.state.table.owners:
                 self._restore_on_start = False

@@ -35,7 +35,7 @@ from .web import StatusServer
 from .. import datadir, protocol as p
 from .answers import ClusterAnswers
 from .checkpoints import ClusterCheckpoints
-from .events import KEEP
+from .events import KEEP, EventLines
 from .leadership import Election, Leading
 from .membership import MemberHandlers
 from .metrics import CoordinatorMetrics
@@ -93,6 +93,7 @@ class Coordinator:
                                take_up=self._load, prepare=self.placement.prepare, begin=self._begin,
                                spawn=self.tasks.spawn, stop_tasks=self.tasks.cancel, elected_event=self._elected)
         self.metrics = CoordinatorMetrics(self.state, lambda: self.checkpoints)
+        self.event_lines = EventLines()  # its log lines: routine per-partition events summed per burst
         self.answers = ClusterAnswers(config, self.state, self.replicas, self.peers, self.metrics,
                                       checkpoints=lambda: self.checkpoints, owned=self.placement.partitions_by_node,
                                       broadcast=self.placement.broadcast, save=self._save,
@@ -156,7 +157,7 @@ class Coordinator:
         """Record a cluster event (member joined/left/dead, migration, partition restored, checkpoint...)."""
         self.state.events.append(event, **data)
         self.metrics.observe(event, data)
-        log.info("event %s %s", event, data)
+        self.event_lines.log(event, data)
 
     def _elected(self) -> None:
         self.event("coordinator_elected", coordinator=self.address, epoch=self.state.table.epoch)
@@ -189,6 +190,7 @@ class Coordinator:
             self.tasks.spawn(self.checkpoints.periodic())
 
     async def stop(self) -> None:
+        self.event_lines.flush()
         self.metrics.loop_lag.stop()
         await self.tasks.stop()
         if self.leading.election is not None:

@@ -139,7 +139,7 @@ class Primaries:
             self._logs[pid] = deque(tail)  # unbounded from now on
             self._shipped_to[pid] = seq
             part.shipper = self.shipped
-            log.info("primary of partition %d at batch %d, replica epoch %d, backups %s", pid, seq, epoch, list(backups))
+            log.debug("primary of partition %d at batch %d, replica epoch %d, backups %s", pid, seq, epoch, list(backups))
         else:
             self._resolve(pid, acks.configure(epoch, backups, in_sync))
         for b in backups:
