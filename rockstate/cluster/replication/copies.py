@@ -35,6 +35,8 @@ from .primary import Primaries
 
 log = logging.getLogger(__name__)
 
+OPENING = 10.0  # seconds a primary waits for partitions it is opening before it copies those it serves
+
 
 class ReplicaCopies:
     """Serves ``ReplicaCopy`` (on the primary) and ``ReplicaCatchUp`` (on the backup); owns the catch-ups running."""
@@ -74,7 +76,7 @@ class ReplicaCopies:
     async def copy(self, msg: p.ReplicaCopy, conn: object) -> Stream:
         store = self._store_of()
         pids = sorted({store.check_pid(pid) for pid in msg.partitions})
-        served = [pid for pid in pids if self._primaries.serves(pid, msg.node)]
+        served = await self._served(pids, msg.node)
         if not served:
             raise PartitionUnavailableError(f"this node is not the primary of partitions {pids[:8]} with backup {msg.node}",
                                             partition=pids[0] if pids else None)
@@ -82,6 +84,17 @@ class ReplicaCopies:
         names = [_name(pid, msg.node) for pid in served]
         listings = [self.source.listing(name) if seq is not None else [] for name, seq in zip(names, seqs)]
         return Stream({"parts": [list(part) for part in zip(served, listings)]}, self.source.chunks(list(zip(names, listings))))
+
+    async def _served(self, pids: list[int], node: str) -> list[int]:
+        """Those of ``pids`` this node is primary of with backup ``node``, waiting up to ``OPENING`` seconds for the
+        rest: a new table may have named it primary while it still opens them (a new cluster's first table, a
+        backup that catches up as soon as it is added)."""
+        deadline = time.monotonic() + OPENING
+        while True:
+            served = [pid for pid in pids if self._primaries.serves(pid, node)]
+            if len(served) == len(pids) or time.monotonic() > deadline:
+                return served
+            await asyncio.sleep(0.1)
 
     def _take(self, pid: int, node: str) -> int | None:
         """A copy of ``pid`` for ``node`` at its batch S, shipped the batches after S; None: never written, no files."""
@@ -171,9 +184,9 @@ class ReplicaCopies:
                 part.backup = True
                 self._backups.adopt(pid, max(epochs[pid], self._replica_epoch(pid)), part.seq())
                 copied[pid] = got[pid]
-        finally:
+        finally:  # what a failed copy left, removed off the loop (a copy put in place is gone from there already)
+            asyncio.get_running_loop().run_in_executor(None, _remove, list(targets.values()))
             for pid in pids:
-                shutil.rmtree(targets[pid], ignore_errors=True)
                 if self._tasks.get(pid) is asyncio.current_task():
                     del self._tasks[pid]
                     self._cancelled.discard(pid)
@@ -181,6 +194,11 @@ class ReplicaCopies:
                  "snapshots %.3f, fetch %.3f, open %.3f)", len(copied), source, sum(copied.values()),
                  sum(1 for n in copied.values() if not n), *(b - a for a, b in zip(steps, steps[1:])))
         return copied
+
+
+def _remove(paths: list[str]) -> None:
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _empty(part: Partition) -> bool:
