@@ -21,7 +21,9 @@ themselves on two partitions of different nodes (``finish_task``); the task
 that completes the count *seals* the batch: it checks that every partition
 the tasks staged on holds a done attempt (a partition restored during the
 batch lost them), marks every partition sealed through N, takes a
-checkpoint, and checks again. If something was lost, the batch is marked
+checkpoint (without synchronous backups), and checks again if it took one
+or a partition was restored since the task started. If something was
+lost, the batch is marked
 failed, so this task and its retries fail, the query stops with
 ``StateRewoundError``, and its restart runs batch N again from Spark's
 checkpoint — with the same input, replacing N's version.
@@ -117,7 +119,7 @@ class BatchTask:
     def finish(self) -> None:
         """The task's input is done: mark its attempt done, count the task, and seal the batch if it is the last."""
         self.writer.flush()
-        restores = [e for e in self.backend.events(self.mark) if e["event"] in ("partition_restored", "cluster_restored")]
+        restores = self._restores()
         if restores:
             # a restored partition is back at the last seal, before this batch's advance: what the task read
             # from it since may be older than the batch before, so this attempt must not count
@@ -139,9 +141,10 @@ class BatchTask:
     def _seal(self, staged_on: list[int]) -> None:
         m = self.micro
         lost = self._lost(staged_on)
-        if not lost:
-            self._checkpoint()
-            lost = self._lost(staged_on)  # a partition restored before the checkpoint was taken
+        if not lost and (self._checkpoint() or self._restores()):
+            # again: a partition restored before the checkpoint was taken, or since this task started (without a
+            # checkpoint, a look at the cluster's events is enough to tell, and costs one request, not a seal)
+            lost = self._lost(staged_on)
         if lost:
             why = (f"query {m.query} batch {m.batch}: state partitions {lost[:8]} were restored while the batch ran and "
                    "lost its staged writes; restart the query: Spark runs the batch again and its state is replaced")
@@ -154,13 +157,20 @@ class BatchTask:
         has = self.backend.seal(self.micro.query, self.micro.batch, self.operator)
         return [pid for pid in staged_on if not has[pid]]
 
-    def _checkpoint(self) -> None:
+    def _restores(self) -> list[dict]:
+        """The restores since the task started."""
+        return [e for e in self.backend.events(self.mark) if e["event"] in ("partition_restored", "cluster_restored")]
+
+    def _checkpoint(self) -> bool:
+        """Take checkpoint N if the cluster needs one per batch; whether one was taken."""
         if not per_batch_checkpoint(self.backend):
-            return
+            return False
         try:
             take_checkpoint(self.backend)
+            return True
         except CheckpointsNotConfiguredError:
             log.warning("the cluster has no checkpoint storage: a state node's death will lose state")
+            return False
 
 
 def _last_event(backend) -> int:

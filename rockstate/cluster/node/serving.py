@@ -107,7 +107,8 @@ class DataHandlers:
         store.check_ops(groups)  # now, not when applied: a bad staged op would fail every later batch
         for pid, ops in groups:
             staging.stage(store.partition(pid), msg.query, msg.batch, msg.operator, msg.attempt, msg.seq, ops)
-        await self.acknowledged([pid for pid, _ in groups])
+        # answered without waiting for the backups: the attempt's done waits for them, and they apply a partition's
+        # batches in order, so a piece a promoted backup lacks fails the done (the task runs again), never the state
 
     async def stage_done(self, msg: p.StageDone, conn: object) -> None:
         groups = await self._writable(msg)
