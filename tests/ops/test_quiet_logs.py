@@ -19,20 +19,22 @@ def test_a_start_and_a_join_log_a_line_per_round_not_per_partition(tmp_path):
     with LocalCluster(nodes=2, partitions=128, processes=True, root=str(tmp_path)) as c:
         c.add_node(wait=False)
         c.wait_replicated()
-        logs = tmp_path / "logs"
-        coordinator = info_lines(str(logs / "coordinator.log"))
-        nodes = {name: info_lines(str(logs / name)) for name in os.listdir(logs) if name != "coordinator.log"}
+        moved = sum(e["event"] == "migration_finished" for e in c.status()["events"])
+    logs = tmp_path / "logs"  # read once the processes stopped: the coordinator's last burst is written as it stops
+    coordinator = info_lines(str(logs / "coordinator.log"))
+    nodes = {name: info_lines(str(logs / name)) for name in os.listdir(logs) if name != "coordinator.log"}
     assert len(nodes) == 3
     assert [line for line in coordinator if PER_PARTITION.search(line)] == []
     rounds = [line for line in coordinator if "placement: " in line and " to move (" in line]
     assert any("128 partition(s) assigned, 0 to move" in line for line in rounds), rounds  # the first placement: one line
-    planned = sum(int(re.search(r"(\d+) to move", line).group(1)) for line in rounds)
     finished = sum(int(n) for line in coordinator for n in re.findall(r"(\d+) migration_finished \(", line))
-    assert planned > 0 and finished == planned, (planned, finished, coordinator)  # every move counted in a summary
-    assert len(coordinator) < 128, "".join(coordinator)  # fewer lines than partitions (343 before)
+    assert moved > 0 and finished >= moved, (moved, finished, coordinator)  # every move counted in a summary (and the stop's)
+    # a line per partition, of any kind, would be 128 at least (343 lines before); the rest (a suspect member on a loaded
+    # machine, joins, placement rounds) does not grow with the partitions
+    assert len(coordinator) < 128, "".join(coordinator)
     for name, lines in nodes.items():
         assert not [line for line in lines if "primary of partition" in line], name
-        assert len(lines) < 40, (name, "".join(lines))  # ~70 before, 64 of them one per partition
+        assert len(lines) < 64, (name, "".join(lines))  # ~70 before, 64 of them one per partition
 
 
 def test_event_lines_sum_a_burst_and_keep_other_events_whole(caplog):

@@ -301,6 +301,7 @@ class ReplicaControl:
             elif step.kind is replica_placement.StepKind.DROP:
                 actions += self.sets.drop(step.partition, step.node) or []
         now = time.monotonic()
+        stuck: dict[str, list[int]] = {}
         for pid, s in enumerate(self.sets.sets):
             if s.primary is None:
                 continue  # electing or lost: there is no copy to take until a primary serves
@@ -308,9 +309,11 @@ class ReplicaControl:
                 if b in s.in_sync or (pid, b) in self.sets.copying or statuses.get(b) is not MemberStatus.ALIVE:
                     continue
                 if now - self._out_of_sync.setdefault((pid, b), now) > STUCK * self.timeout:
-                    log.info("backup %s of partition %d out of sync for %.1fs since its last copy or report: copies anew",
-                             b, pid, now - self._out_of_sync[pid, b])
+                    stuck.setdefault(b, []).append(pid)
                     actions.append(CatchUp(pid, b, s.primary))
+        for b, pids in stuck.items():  # one line per backup node, not per partition
+            log.info("backup %s out of sync for over %.1fs since its last copy or report on %d partition(s) %s: copies anew",
+                     b, STUCK * self.timeout, len(pids), pids[:16] + (["..."] if len(pids) > 16 else []))
         await self.carry_out(actions)
 
     # -- status ------------------------------------------------------------------
