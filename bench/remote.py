@@ -275,7 +275,7 @@ def main() -> None:
                 for kind in COMPARED_KINDS:
                     data = Data(BATCHES, kind)
                     r.flushall()
-                    state = rs.value_state(f"bench-{kind}")
+                    state = rs.value_state(f"bench-{kind}", create=True)  # defined before the clock starts
                     sides = [
                         Side("redis", r.mset, r.mget, r.get, data.redis_puts, data.redis_gets, data.redis_one, r.dbsize),
                         Side("rockstate", state.put_many, state.get_many, state.get, data.rs_puts, data.rs_gets,

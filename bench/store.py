@@ -113,7 +113,7 @@ class Ours:
 
     def __init__(self, root: str, keys: list, partitions: int) -> None:
         self.rs = rockstate.open(os.path.join(root, f"ours{partitions}"), partitions=partitions, memory_bytes=512 << 20)
-        self.state = self.rs.value_state("bench")
+        self.state = self.rs.value_state("bench", create=True)  # defined before the clock starts
         self.puts = [dict.fromkeys(keys[s:s + BATCH], VALUE) for s in range(0, len(keys), BATCH)]
         self.gets = [keys[s:s + BATCH] for s in range(0, len(keys), BATCH)]
 
