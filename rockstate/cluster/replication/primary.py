@@ -56,7 +56,10 @@ def stored_bytes(stored: list) -> int:
             if isinstance(part, (bytes, bytearray, memoryview)):
                 size += len(part)
             elif isinstance(part, (list, tuple)):
-                size += sum(len(x) for x in part if x is not None) + 8 * len(part)
+                try:  # a C loop: a generator per key was 2 % of a node's put time at P=271
+                    size += sum(map(len, part)) + 8 * len(part)
+                except TypeError:
+                    size += sum(len(x) for x in part if x is not None) + 8 * len(part)
         size += 32
     return size
 
