@@ -1,6 +1,6 @@
 """Replicated partitions: what backups cost on the write path, and what they buy at a node's death.
 
-Side by side in one run, each a multi-process LocalCluster of 3 nodes, P=16,
+Side by side in one run, each a multi-process LocalCluster of 3 nodes, P=16 (BENCH_REPL_P),
 heartbeat_timeout 2 s, keys 36-character UUID strings, values with a date and
 a decimal amount:
 
@@ -70,6 +70,7 @@ PUTS = int(os.environ.get("BENCH_REPL_PUTS", "1000"))
 LOADED = int(os.environ.get("BENCH_REPL_LOADED", "1000000"))  # keys written before the kill
 NOTE_BYTES = 400  # random, so RocksDB's compression does not shrink what re-replication and the plain copy move
 HEARTBEAT = 2.0
+PARTITIONS = int(os.environ.get("BENCH_REPL_P", "16"))  # issue 33: 271 too
 
 
 def value(i: int) -> dict:
@@ -82,7 +83,7 @@ def loaded(i: int) -> dict:
 
 
 def cluster(root: str, backup_count: int) -> LocalCluster:
-    return LocalCluster(nodes=3, partitions=16, root=os.path.join(root, f"bc{backup_count}"), heartbeat_timeout=HEARTBEAT,
+    return LocalCluster(nodes=3, partitions=PARTITIONS, root=os.path.join(root, f"bc{backup_count}"), heartbeat_timeout=HEARTBEAT,
                         backup_count=backup_count, node_memory_bytes=256 << 20)
 
 
@@ -163,7 +164,7 @@ def main() -> None:
                     served, replicated, plain, socket_copy = failover(c)
             base = base or (rate, p50)
             rows.append([f"backup_count={bc}", rate, rate / base[0], p50, p50 / base[1], p99])
-        print_table("batch-1000 put_many and single put, 3 nodes, P=16, sync replication",
+        print_table(f"batch-1000 put_many and single put, 3 nodes, P={PARTITIONS}, sync replication",
                     ["cluster", "keys/s", "x of 0", "put p50 ms", "x of 0", "put p99 ms"], rows)
         print_table("the same by key kind (each kind's own state; ratios: backup_count=1 against 0, and against ints in random "
                     "order: goal <= 1.2)",
