@@ -258,8 +258,8 @@ class Primaries:
         if wait is None:
             return
         try:
-            async with asyncio.timeout(4 * self._timeout() + 5.0):  # wait_for would add a future and two loop rounds
-                await wait.done
+            # not asyncio.timeout: an inline request's first step runs outside any task (rpc/serving.py)
+            await asyncio.wait_for(wait.done, 4 * self._timeout() + 5.0)
         except TimeoutError:
             pid, seq = next(((pid, seq) for pid, waiting in self._waiters.items() for seq, w in waiting if w is wait), (-1, 0))
             raise PartitionUnavailableError(
