@@ -29,8 +29,11 @@ at once rather than shortly after.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import msgpack
 from pyspark.sql import SparkSession
@@ -45,37 +48,33 @@ log = logging.getLogger(__name__)
 
 
 class BatchListener(StreamingQueryListener):
-    """Advances each committed batch of a rockstate query on every cluster the session's operators use."""
+    """Advances each committed batch of a rockstate query on every cluster the session's operators use.
+
+    Each cluster has a thread of its own (``_Cluster``): Spark's listener bus is never held up, and a cluster
+    that stopped answering (its calls wait out the client's ``retry_timeout``) holds up no other."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.specs: set[StateClientSpec] = set()
+        self.clusters: dict[StateClientSpec, _Cluster] = {}
         self.names: dict[str, str] = {}  # Spark query id -> the exactly_once name its operators stage under
         self.lock = threading.Lock()
+
+    def watch(self, spec: StateClientSpec) -> None:
+        with self.lock:
+            if spec not in self.clusters:
+                self.clusters[spec] = _Cluster(spec, self._forget)
 
     def onQueryStarted(self, event) -> None:
         pass
 
     def onQueryProgress(self, event) -> None:
-        progress = event.progress
-        query_id = str(progress.id)
+        p = event.progress
+        query_id = str(p.id)
         with self.lock:
-            specs, name = list(self.specs), self.names.get(query_id)
-        for spec in specs:
-            if not is_open(spec):  # close_clients() closed it: the program is done with that cluster
-                self._forget(spec)
-                continue
-            try:
-                self._committed(spec, progress, query_id, name)
-            except Exception as exc:  # never into Spark's listener bus; the next batch (or settle) applies it
-                log.warning("query %s batch %s: could not apply the committed batch's state on %s (the next batch or "
-                            "settle() applies it; not listening for that cluster until an operator is built for it "
-                            "again): %s", query_id, progress.batchId, spec.address, exc)
-                self._forget(spec)  # each event would wait out the client's retry_timeout again
-
-    def _forget(self, spec: StateClientSpec) -> None:
-        with self.lock:
-            self.specs.discard(spec)
+            clusters, name = list(self.clusters.values()), self.names.get(query_id)
+        committed = Committed(query_id, name, p.batchId, p.name, p.numInputRows, (p.durationMs or {}).get("triggerExecution", 0))
+        for cluster in clusters:
+            cluster.queue.put(committed)
 
     def onQueryIdle(self, event) -> None:
         pass
@@ -83,19 +82,56 @@ class BatchListener(StreamingQueryListener):
     def onQueryTerminated(self, event) -> None:
         pass
 
-    def _committed(self, spec: StateClientSpec, progress, query_id: str, name: str | None) -> None:
-        backend, batch = backend_for(spec), progress.batchId
-        staged_as = name or query_id
+    def _forget(self, spec: StateClientSpec) -> None:
+        with self.lock:
+            self.clusters.pop(spec, None)
+
+
+@dataclass(frozen=True)
+class Committed:
+    """What the listener keeps of a progress event: batch ``batch`` of Spark query ``query_id`` is committed."""
+
+    query_id: str
+    name: str | None  # exactly_once's
+    batch: int
+    query_name: str | None
+    rows_in: int
+    trigger_ms: int
+
+
+class _Cluster:
+    """One cluster's thread: applies each committed batch of a rockstate query there, in order."""
+
+    def __init__(self, spec: StateClientSpec, forget: Callable[[StateClientSpec], None]) -> None:
+        self.spec, self.forget = spec, forget
+        self.queue: queue.SimpleQueue[Committed] = queue.SimpleQueue()
+        threading.Thread(target=self._run, name=f"rockstate-batches-{spec.address}", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            c = self.queue.get()
+            if not is_open(self.spec):  # close_clients() closed it: the program is done with that cluster
+                return self.forget(self.spec)
+            try:
+                self._committed(c)
+            except Exception as exc:  # the next batch (or settle) applies it
+                log.warning("query %s batch %s: could not apply the committed batch's state on %s (the next batch or "
+                            "settle() applies it; not listening for that cluster until an operator is built for it "
+                            "again): %s", c.query_id, c.batch, self.spec.address, exc)
+                return self.forget(self.spec)  # each event would wait out the client's retry_timeout again
+
+    def _committed(self, c: Committed) -> None:
+        backend = backend_for(self.spec)
+        staged_as = c.name or c.query_id
         marker = backend.get_many(META, {0: [sealed_key(staged_as)]})[0][0]
-        if marker is None or msgpack.unpackb(marker) < batch:
+        if marker is None or msgpack.unpackb(marker) < c.batch:
             return  # not a rockstate query on this cluster, or its batch N sealed nothing
-        backend.advance_batches(staged_as, batch + 1)
-        if name is None:  # exactly_once reports its own batches
-            durations = progress.durationMs or {}
-            record_batch(backend, query_id, {
-                "batch": batch, "rows_in": progress.numInputRows, "rows_out": None,
-                "seconds": round(durations.get("triggerExecution", 0) / 1000, 4), "checkpoint_seconds": None,
-                "checkpoint": None, "time": time.time()}, id=query_id, name=progress.name, last_checkpoint=None)
+        backend.advance_batches(staged_as, c.batch + 1)
+        if c.name is None:  # exactly_once reports its own batches
+            record_batch(backend, c.query_id, {
+                "batch": c.batch, "rows_in": c.rows_in, "rows_out": None, "seconds": round(c.trigger_ms / 1000, 4),
+                "checkpoint_seconds": None, "checkpoint": None, "time": time.time()},
+                id=c.query_id, name=c.query_name, last_checkpoint=None)
 
 
 _listeners: dict[int, tuple[SparkSession, BatchListener]] = {}  # id(session) -> (session kept alive, its listener)
@@ -129,7 +165,7 @@ def watch_batches(df, spec: StateClientSpec, *, name: str | None = None) -> None
                 return
             _listeners[id(session)] = (session, listener)
     backend_for(spec)  # open: the listener leaves a cluster alone once close_clients() closed it
-    with listener.lock:
-        listener.specs.add(spec)
-        if name is not None and not df.isStreaming:
+    listener.watch(spec)
+    if name is not None and not df.isStreaming:
+        with listener.lock:
             listener.names[query_id] = name

@@ -14,7 +14,7 @@ from rockstate.spark import exactly_once, state_name, transform_with_state
 
 from .test_streaming import FILES, ROWS, SCHEMA, Count, write_files
 
-WAIT = 60  # seconds for the listener to see the last batch's progress
+WAIT = 120  # seconds for the listener to see the last batch's progress (asynchronous; a loaded machine is slow)
 
 
 def _source(spark, tmp_path):
