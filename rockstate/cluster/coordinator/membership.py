@@ -154,9 +154,9 @@ class MemberHandlers:
         """
         try:
             await WELCOME_RETRY.acall(self._send_table, node_id)
-            await self.replicas.returned(node_id)
         except RockstateError as e:  # its heartbeats' answers name the newer table all the same
             log.warning("%s back from a cut did not take the table: %s", node_id, e)
+        await self.replicas.returned(node_id)  # its partitions no one took are its again, told or not
         await self._rebalance()
 
     async def _send_table(self, node_id: str) -> None:

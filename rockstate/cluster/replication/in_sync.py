@@ -11,7 +11,9 @@
   dropped; a backup out of sync for longer than a few replica timeouts
   without a catch-up under way catches up anew (it restarted, or fell too far
   behind for the primary's log); one out of sync when this coordinator starts
-  leading (a restart, a takeover), at its first round.
+  leading (a restart, a takeover), at its first round. A dead primary that
+  is alive again before its partitions got a new one takes them back here
+  too, if its welcome (``returned``) did not reach it.
 - ``report``: a primary's ``caught_up``, ``unreachable`` and ``diverged``
   (its copy was restored or got an SST file: the backup copies it anew at
   once); each changes the in-sync set with an epoch bump, published before
@@ -290,6 +292,9 @@ class ReplicaControl:
     async def _ensure(self) -> None:
         await self.elect_pending()
         statuses = self._statuses()
+        # a dead primary back before its partitions got a new one takes them again, even if its welcome failed
+        for node in sorted({n for n in self.sets.lost().values() if statuses.get(n) is MemberStatus.ALIVE}):
+            await self.carry_out(self.sets.returned(node))
         plan = replica_placement.plan(self.sets.table(), statuses, self.backup_count, self.zones)
         lost, actions = self.sets.lost(), []
         for step in plan.steps:
