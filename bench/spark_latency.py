@@ -16,7 +16,11 @@ Engines, each from empty state:
   one ``put_many`` per task) on the streaming DataFrame (the natural shape),
   and the same operator inside ``foreachBatch(exactly_once(...))`` writing
   to ``noop``; their state in a ``LocalCluster`` of --nodes (3) node
-  processes with the default backup (one synchronous backup per partition).
+  processes with the default backup (one synchronous backup per partition);
+- the floor: the operator's plan without state -- the rows given their
+  rockstate partition and shuffled as the operator does, into one
+  ``mapInArrow`` pass that emits nothing: what Spark's micro-batch, the
+  shuffle and a Python pass cost before any state is touched.
 
 Every engine uses 2 shuffle partitions. Streams run one after another, each
 engine once per size, --rounds times (engines take turns, so drift on the
@@ -27,7 +31,7 @@ every run. Goal (issue 32): rockstate's p50 and p90 <= 1.0x native at both
 sizes.
 
     .venv/bin/python bench/spark_latency.py                    # the full run
-    .venv/bin/python bench/spark_latency.py --batches 16 --sizes 1000 --engines rockstate,native
+    .venv/bin/python bench/spark_latency.py --batches 16 --sizes 1000 --engines rockstate,floor
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from pyspark.sql import SparkSession  # noqa: E402
 import rockstate  # noqa: E402
 from common import print_table  # noqa: E402
 from rockstate.spark import close_clients, exactly_once, settle, state_name, transform_with_state  # noqa: E402
+from rockstate.spark.partitioning import PARTITION_COLUMN, route_by_owner, with_partition  # noqa: E402
 import spark_state  # noqa: E402
 from spark_state import OUTPUT, ROCKSDB, SparkKeyCount, VectorCount  # noqa: E402
 
@@ -63,7 +68,14 @@ NATIVE = "Spark SQL groupBy().count(), RocksDB state"
 TWS = "Spark transformWithStateInPandas, RocksDB"
 NATURAL = "rockstate, operator on the stream"
 EXACTLY_ONCE = "rockstate, inside foreachBatch(exactly_once)"
-ENGINES = (NATIVE, TWS, NATURAL, EXACTLY_ONCE)
+FLOOR = "floor: the operator's shuffle + mapInArrow, no state"
+ENGINES = (NATIVE, TWS, NATURAL, EXACTLY_ONCE, FLOOR)
+
+
+def _nothing(batches):
+    for _ in batches:
+        pass
+    return iter(())
 
 
 def write_events(directory: str, size: int, batches: int, seed: int) -> np.ndarray:
@@ -78,8 +90,8 @@ def write_events(directory: str, size: int, batches: int, seed: int) -> np.ndarr
 
 
 class Bench:
-    def __init__(self, spark: SparkSession, cluster: rockstate.LocalCluster, root: str) -> None:
-        self.spark, self.cluster, self.root = spark, cluster, root
+    def __init__(self, spark: SparkSession, cluster: rockstate.LocalCluster, root: str, owners: list) -> None:
+        self.spark, self.cluster, self.root, self.owners = spark, cluster, root, owners
         self.runs = 0
 
     def stream(self, source: str, engine: str) -> tuple[list[float], str | None]:
@@ -95,6 +107,10 @@ class Bench:
         elif engine == TWS:
             writer = (df.select("key").groupBy("key").transformWithStateInPandas(SparkKeyCount(), OUTPUT, "Update", "None")
                       .writeStream.outputMode("update").format("noop"))
+        elif engine == FLOOR:
+            owners = self.owners
+            routed = route_by_owner(with_partition(df.select("key"), "key", len(owners)), PARTITION_COLUMN, owners, 2)
+            writer = routed.mapInArrow(_nothing, "key long").writeStream.format("noop")
         elif engine == NATURAL:
             writer = transform_with_state(df.select("key"), "key", VectorCount("count"), OUTPUT, address).writeStream.format("noop")
         else:
@@ -130,7 +146,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="1000,10000", help="events per batch, comma-separated (default 1000,10000)")
     parser.add_argument("--rounds", type=int, default=1, help="streams per engine and size (default 1)")
     parser.add_argument("--nodes", type=int, default=3, help="rockstate state nodes (default 3)")
-    parser.add_argument("--engines", default="native,tws,rockstate",
+    parser.add_argument("--engines", default="native,tws,rockstate,floor",
                         help="substrings of the engines' names, comma-separated, matched case-insensitively "
                              "(default: all; 'rockstate' is both shapes, native runs always)")
     args = parser.parse_args()
@@ -152,7 +168,7 @@ def main() -> None:
     rows = []
     try:
         with rockstate.LocalCluster(nodes=args.nodes, root=os.path.join(root, "cluster")) as cluster, cluster.connect() as rs:
-            bench = Bench(spark, cluster, root)
+            bench = Bench(spark, cluster, root, rs.backend.table.owners)
             for size in sizes:
                 source = os.path.join(root, f"events-{size}")
                 expected = write_events(source, size, args.batches, seed=size).tolist()
