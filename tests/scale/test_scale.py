@@ -1,18 +1,24 @@
 """Scale (issue 33): a cluster at P=271 -- Hazelcast's default partition count -- on 4 nodes with backups, through
 a join, a kill -9 and a graceful leave under steady reads, writes and compare-and-sets, with the history checker:
-no violation and no lost acknowledged write (backup_count=1: a kill loses nothing, so no documented loss either)."""
+no violation and no lost acknowledged write (backup_count=1: a kill loses nothing, so no documented loss either);
+and no process's event loop stalled for more than a small fraction of the lease meanwhile."""
 
 from __future__ import annotations
 
 import os
+import urllib.request
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from rockstate.local.cluster import LocalCluster
 from rockstate.testing.history import CAS, READ, WRITE, History, check_history
 from rockstate.testing.workload import Workload, keys_for, read_back
 
 PARTITIONS = 271
+HEARTBEAT = 3.0
+LEASE = HEARTBEAT / 2  # a node stops serving when it has not heard from the coordinator for this long
+STALL = LEASE / 3  # the worst event-loop lag allowed: a third of the lease leaves two heartbeats' margin
 START = 600.0  # a loaded 2-core machine: each partition's backup is a copy of its own today (see docs/performance.md)
 
 
@@ -33,7 +39,7 @@ class PatientCluster(LocalCluster):
 @pytest.mark.timeout(1500)
 def test_p271_four_nodes_join_kill_leave_under_writes(tmp_path):
     history = History()
-    with PatientCluster(nodes=4, partitions=PARTITIONS, root=str(tmp_path / "cluster"), heartbeat_timeout=3.0,
+    with PatientCluster(nodes=4, partitions=PARTITIONS, root=str(tmp_path / "cluster"), heartbeat_timeout=HEARTBEAT,
                       checkpoints=f"file://{tmp_path}/checkpoints", backup_count=1) as cluster:
         cluster.wait_replicated(START)
         with cluster.connect(retry_timeout=60) as admin:
@@ -51,6 +57,7 @@ def test_p271_four_nodes_join_kill_leave_under_writes(tmp_path):
                 load.wait_ops(20, timeout=120)
             read_back(admin, history, keys)
             status = cluster.status()
+            lags = loop_lags(cluster, status)
     report = check_history(history)
     kinds = load.kinds()
     print(report, kinds)
@@ -58,3 +65,15 @@ def test_p271_four_nodes_join_kill_leave_under_writes(tmp_path):
     assert not report.documented_loss, str(report)
     assert status["partitions"] == PARTITIONS and len([n for n in status["nodes"] if n["status"] == "alive"]) == 3
     assert min(kinds[k] for k in (READ, WRITE, CAS)) > 0, kinds
+    assert len(lags) == 4 and max(lags.values()) < STALL, f"event loops stalled (seconds, the worst of each): {lags}"
+
+
+def loop_lags(cluster: LocalCluster, status: dict) -> dict[str, float]:
+    """The worst event-loop lag so far of the coordinator (its /metrics) and of every live node (its figures)."""
+    text = urllib.request.urlopen(cluster.status_url + "metrics", timeout=30).read().decode()
+    lags = {"coordinator": s.value for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name == "rockstate_coordinator_loop_lag_max_seconds"}
+    for node in status["nodes"]:
+        if node["status"] == "alive" and node.get("figures"):
+            lags[node["node_id"]] = node["figures"]["loop_lag_max_seconds"]
+    return lags
