@@ -19,7 +19,7 @@ PARTITIONS = 271
 HEARTBEAT = 3.0
 LEASE = HEARTBEAT / 2  # a node stops serving when it has not heard from the coordinator for this long
 STALL = LEASE / 3  # the worst event-loop lag allowed: a third of the lease leaves two heartbeats' margin
-START = 600.0  # a loaded 2-core machine: each partition's backup is a copy of its own today (see docs/performance.md)
+START = 600.0  # a loaded 2-core machine (see docs/performance.md)
 
 
 class PatientCluster(LocalCluster):
@@ -33,9 +33,8 @@ class PatientCluster(LocalCluster):
 
 
 @pytest.mark.skipif(not os.environ.get("ROCKSTATE_SCALE_TESTS"), reason=(
-    "issue 33: passes since replica reports are published coalesced, but takes 2.5-3 min on the shared 2-core "
-    "machine (a backup copy per partition at start-up and per move): kept out of make test until it runs in about "
-    "two. Run with ROCKSTATE_SCALE_TESTS=1"))
+    "issue 33: takes 2.5-3 min on a quiet 2-core machine, far more under load (its nodes then stall past their "
+    "lease and are declared dead, see docs/performance.md): kept out of make test. Run with ROCKSTATE_SCALE_TESTS=1"))
 @pytest.mark.timeout(1500)
 def test_p271_four_nodes_join_kill_leave_under_writes(tmp_path):
     history = History()
