@@ -72,7 +72,7 @@ def test_a_client_reads_and_writes_with_either_client_secret(cluster):
     ("coordinator", Raw(op="heartbeat", node_id="node-1", epoch=1)),
     ("node", p.MoveCopy(partition=0)),
     ("node", Raw(op="replica_apply", items=[])),
-    ("node", Raw(op="replica_copy", partition=0, node="node-2")),
+    ("node", Raw(op="replica_copy", partitions=[0], node="node-2")),
     ("node", p.RestorePartitions(checkpoint=1, partitions=[0])),
     ("node", p.Freeze(partition=0)),
     ("node", p.NodeStats()),
