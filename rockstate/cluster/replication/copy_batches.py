@@ -25,6 +25,7 @@ class CopyBatches:
         self._send, self._limit_n = send, limit
         self._limit: asyncio.Semaphore | None = None  # made on the loop
         self._waiting: dict[tuple[str, str], dict[int, tuple[int, asyncio.Future]]] = {}
+        self._running: set[asyncio.Task] = set()  # held here: the loop keeps only a weak reference to a task
 
     async def copy(self, node: str, primary: str, pid: int, epoch: int) -> int | None:
         """``node`` copies ``pid`` from ``primary`` in the next transfer between them; answers the bytes (None: not copied)."""
@@ -35,8 +36,13 @@ class CopyBatches:
             fut = asyncio.get_running_loop().create_future()
             queue[pid] = (epoch, fut)
             if len(queue) == 1:  # the first waiting: a transfer will take it and whatever joins it meanwhile
-                asyncio.ensure_future(self._run(node, primary))
+                self._start(node, primary)
         return await asyncio.shield(fut)
+
+    def _start(self, node: str, primary: str) -> None:
+        task = asyncio.ensure_future(self._run(node, primary))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
 
     async def _run(self, node: str, primary: str) -> None:
         if self._limit is None:
@@ -47,7 +53,7 @@ class CopyBatches:
             rest = {pid: w for pid, w in queue.items() if pid not in batch}
             if rest:  # the next transfer takes them
                 self._waiting.setdefault((node, primary), {}).update(rest)
-                asyncio.ensure_future(self._run(node, primary))
+                self._start(node, primary)
             if not batch:
                 return
             copied: dict[int, int] = {}
