@@ -113,11 +113,11 @@ class Server:
         self._server.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
-        for task in self._requests:
-            task.cancel()
-        for connection in self._connections:  # a copy
-            connection.close()
-        await asyncio.gather(*self._requests, return_exceptions=True)
+        self._connections.close()
+        while self._requests:  # until none is left: a cancelled request may start the stream it answered with
+            for task in self._requests:
+                task.cancel()
+            await asyncio.gather(*self._requests, return_exceptions=True)
         await self._server.wait_closed()
         self._server = None
 

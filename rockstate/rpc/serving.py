@@ -36,6 +36,7 @@ class Connections:
     def __init__(self) -> None:
         self._open: set[Serving] = set()
         self._unwelcomed: dict[Serving, None] = {}
+        self.closed = False  # the server stopped: a connection the loop still hands over is refused
 
     def __len__(self) -> int:
         return len(self._open)
@@ -46,6 +47,11 @@ class Connections:
     def add(self, conn: Serving) -> None:
         self._open.add(conn)
         self._unwelcomed[conn] = None
+
+    def close(self) -> None:
+        self.closed = True
+        for conn in list(self._open):
+            conn.close()
 
     def welcomed(self, conn: Serving) -> None:
         self._unwelcomed.pop(conn, None)
@@ -118,6 +124,9 @@ class Serving(asyncio.Protocol):
         self._address = format_address(transport.get_extra_info("peername"))
         side, limits = self._side, self._side.limits
         connections = side.connections
+        if connections.closed:  # accepted just before the server stopped listening
+            transport.abort()
+            return
         if len(connections) >= limits.max_connections:
             side.refused["connection_cap"] += 1
             log.warning("server %r refuses a connection from %s: %d connections open (max_connections)",

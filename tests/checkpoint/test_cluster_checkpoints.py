@@ -134,9 +134,12 @@ def test_checkpoint_and_savepoint_commands(tmp_path, file_url):
     import subprocess
     import sys
 
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "rockstate.cli", *args, "--coordinator", cluster.address],
+                              capture_output=True, text=True, timeout=120)
+
     def cli(*args):
-        out = subprocess.run([sys.executable, "-m", "rockstate.cli", *args, "--coordinator", cluster.address],
-                             capture_output=True, text=True, timeout=120)
+        out = run(*args)
         assert out.returncode == 0, out.stderr
         return out.stdout
 
@@ -151,7 +154,9 @@ def test_checkpoint_and_savepoint_commands(tmp_path, file_url):
         assert "nightly" in cli("savepoint", "list")
         assert "restored savepoint nightly" in cli("savepoint", "restore", "nightly", "--yes")
         assert "restored checkpoint" in cli("checkpoint", "restore", "--yes")
-        assert "latest completed" in cli("status")
+        # a restore leaves backups to copy again: degraded (exit 1) until they are in sync, then healthy
+        healthy = wait_until(lambda: (out := run("status")).returncode == 0 and out, 60, "healthy after the restore")
+        assert "latest completed" in healthy.stdout
 
 
 def test_restored_names_the_restore_just_done_on_a_cluster(tmp_path, file_url):

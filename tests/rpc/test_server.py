@@ -7,6 +7,7 @@ import struct
 import pytest
 
 from rockstate.errors import AuthenticationError, ProtocolError, ProtocolVersionError, RockstateError, UnknownOperationError
+from rockstate.rpc.frames import MAGIC, write_frame_sync
 from rockstate.rpc.messages import PROTOCOL_VERSION
 from rockstate.rpc import AsyncChannel, Channel, client
 from rockstate.rpc.messages import Welcome
@@ -192,6 +193,48 @@ def test_stop_cancels_an_inline_request_that_waits(serve, loop):
     assert not server._requests
     assert raw.closed_by_peer()  # closed without an answer to the cancelled request
     raw.close()
+
+
+def test_stop_refuses_a_connection_accepted_just_before(serve, loop):
+    """A connection the kernel accepted, whose transport the loop builds only after ``stop()`` began, is closed
+    unanswered: its requests would otherwise run on a stopped server (a task nobody cancels)."""
+    async def forever(msg, conn):
+        await asyncio.Event().wait()
+
+    server = serve({Echo: echo, Sleep: forever})
+    host, _, port = server.address.rpartition(":")
+
+    async def stop_while_accepting() -> socket.socket:
+        sock = socket.create_connection((host, int(port)), timeout=5)  # the kernel completes it; the loop has not run
+        sock.sendall(MAGIC)
+        write_frame_sync(sock, {"id": 0, "msg": {"op": "hello", "version": PROTOCOL_VERSION, "name": "raw"},
+                                "deadline": None})
+        write_frame_sync(sock, {"id": 1, "msg": Sleep(seconds=0).to_wire(), "deadline": None})
+        for _ in range(1000):  # until the loop built its transport (the accept waits), connection_made still to come
+            if any(getattr(coro := t.get_coro(), "__name__", "") == "_accept_connection2" and coro.cr_await is not None
+                   for t in asyncio.all_tasks()):
+                break
+            await asyncio.sleep(0)
+        else:
+            raise AssertionError("the loop never accepted the connection")
+        await server.stop()
+        return sock
+
+    sock = loop.run(stop_while_accepting())
+    sock.settimeout(5)
+    try:
+        assert sock.recv(1 << 16) == b""  # closed with nothing sent: no greeting, no Welcome
+    except ConnectionResetError:
+        pass  # aborted: as closed
+    finally:
+        sock.close()
+    leftover = loop.run(_handlers_running())
+    assert leftover == [], f"requests still running on the stopped server: {leftover}"
+
+
+async def _handlers_running() -> list[str]:
+    await asyncio.sleep(0.2)  # what a connection made after stop() would have started by now
+    return [repr(t) for t in asyncio.all_tasks() if "Server._handle" in repr(t.get_coro())]
 
 
 async def _set(event: asyncio.Event) -> None:
