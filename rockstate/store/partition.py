@@ -21,7 +21,6 @@ whole list only in a TTL state), under the lock, so in the order it was applied.
 from __future__ import annotations
 
 import os
-import shutil
 import struct
 import threading
 import time
@@ -388,14 +387,15 @@ class Partition:
             return len(gone)
 
     def close(self) -> None:
-        with self.lock:
-            if self.db is not None:
-                self._families.clear()
-                self._handles.clear()
-                self.db.close()
-                self.db = None
+        db = self.detach()
+        if db is not None:
+            db.close()
 
-    def drop(self) -> None:
-        """Close and delete the partition's files."""
-        self.close()
-        shutil.rmtree(self.path, ignore_errors=True)
+    def detach(self) -> Rdict | None:
+        """Closed to every user from now on; its RocksDB is the caller's to close (``close`` waits for its
+        background work: a store drops partitions in the background, trash.py)."""
+        with self.lock:
+            db, self.db = self.db, None
+            self._families.clear()
+            self._handles.clear()
+            return db

@@ -6,15 +6,15 @@ Directory layout::
     <path>/STORE.json     {"partitions": P}: fixed when the store is created
     <path>/states.json    the catalog: name -> kind, ttl
     <path>/p0042/         partition 42's RocksDB
+    <path>/trash/         dropped or replaced partitions' directories, deleted in the background (trash.py)
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
-import shutil
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, Any, Callable, Iterable, cast
 
 from ..config import StoreConfig
@@ -33,6 +33,7 @@ from .catalog import StateSpec, unknown_state
 from .checks import check_compare_and_set, check_ops
 from .partition import Partition
 from .resources import Resources
+from .trash import Trash
 
 
 def partition_dir(pid: int) -> str:
@@ -61,6 +62,8 @@ class Store:
             self.reserved = tuple(reserved)
             self._mutex = threading.Lock()
             self._opening: dict[int, threading.Lock] = {}  # pid -> held while its RocksDB opens
+            self._trash = Trash(self.path)
+            self._dropping: dict[int, Future] = {}  # pid -> its dropped RocksDB's close, in the background
             self.open_partitions(range(self.partitions) if owned is None else owned)
         except BaseException:
             self._close_parts_and_unlock()
@@ -138,6 +141,9 @@ class Store:
                 if part is not None:
                     return part
                 states = [*self.specs, *self.reserved]
+                dropping = self._dropping.pop(pid, None)
+            if dropping is not None:  # the copy dropped before: closed first, its background work is on this path
+                dropping.exception()
             try:
                 # every state's column family opened (created) with the DB: one MANIFEST sync, not one per state
                 part = Partition(pid, self.partition_path(pid), self.resources, self.specs, states)
@@ -156,6 +162,8 @@ class Store:
         return _in_parallel(self.open_partition, list(pids))
 
     def close_partition(self, pid: int, drop: bool = False) -> None:
+        """``drop``: its directory too, open or not, at once out of the way (into the trash): a partition opened
+        here again starts empty. Its RocksDB closes and its files go in the background: cheap on an event loop."""
         with self._mutex:
             opening = self._opening.get(pid)
         if opening is not None:
@@ -163,8 +171,17 @@ class Store:
                 pass
         with self._mutex:
             part = self._parts.pop(pid, None)
-        if part is not None:
-            part.drop() if drop else part.close()
+        if not drop:
+            if part is not None:
+                part.close()
+            return
+        db = None if part is None else part.detach()  # unusable now: no write lands in a dropped copy
+        with self._mutex:  # an open of it again waits for this close (open_partition)
+            self._dropping[pid] = self._trash.discard(self.partition_path(pid), None if db is None else db.close)
+
+    def wait_dropped(self) -> None:
+        """Until every partition dropped so far is closed and its files deleted."""
+        self._trash.wait()
 
     def replace_partitions(self, dirs: dict[int, str], states: dict[str, dict] | None = None) -> None:
         """Each partition's directory becomes ``dirs[pid]`` (a restored or moved-in copy), and is opened.
@@ -176,13 +193,8 @@ class Store:
         for pid in dirs:
             self.close_partition(self.check_pid(pid))
         for pid, new in dirs.items():  # per partition: moves of other partitions may be doing the same meanwhile
-            path, aside = self.partition_path(pid), os.path.join(self.path, "replaced", partition_dir(pid))
-            shutil.rmtree(aside, ignore_errors=True)
-            os.makedirs(os.path.dirname(aside), exist_ok=True)
-            if os.path.exists(path):
-                os.rename(path, aside)
-            os.rename(new, path)
-            shutil.rmtree(aside, ignore_errors=True)
+            self._trash.discard(self.partition_path(pid))
+            os.rename(new, self.partition_path(pid))
         if states:
             with self._mutex:  # the specs dict is shared with the open partitions: update it in place
                 self.specs.update({name: StateSpec.from_dict(data) for name, data in states.items()})
@@ -290,6 +302,8 @@ class Store:
     def _close_parts_and_unlock(self) -> None:
         for pid in list(getattr(self, "_parts", {})):
             self.close_partition(pid)
+        if hasattr(self, "_trash"):
+            self._trash.close()  # every dropped RocksDB closed before the lock goes
         if self._lock_file is not None:
             self._lock_file.close()
             self._lock_file = None

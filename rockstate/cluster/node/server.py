@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 import time
 from typing import Awaitable, Callable
 
@@ -219,8 +218,7 @@ class Node:
         store = self._store_of()
         for name in os.listdir(store.path):
             if name.startswith("p") and name[1:].isdigit() and int(name[1:]) not in owned:
-                store.close_partition(int(name[1:]), drop=True)
-                shutil.rmtree(os.path.join(store.path, name), ignore_errors=True)
+                store.close_partition(int(name[1:]), drop=True)  # open or not: into the trash, deleted off the loop
 
     async def _register(self) -> dict:
         async def once() -> dict:
