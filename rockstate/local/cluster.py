@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from typing import Any, Callable
 
 from ..api import Rockstate
@@ -176,13 +177,20 @@ class LocalCluster:
             backend.close()
 
     def _status_now(self) -> dict | None:
-        """The status, or None when the coordinator did not answer in time (a loaded machine): asked again."""
+        """The status, or None when the coordinator did not answer in time (a loaded machine): asked again.
+
+        Then a pause three times as long as the answer took: the document is built on the coordinator's event loop
+        in O(P) (a row per partition's replicas, its sizes), and asked every 20 ms by a wait it kept that loop
+        busy (P=1024: a third of its loop samples built or encoded the status), its heartbeats answered late."""
+        start = time.monotonic()
         try:
             return self.status()
         except RockstateError as e:
             if e.retryable:
                 return None
             raise
+        finally:
+            time.sleep(3 * (time.monotonic() - start))
 
     def wait_balanced(self, timeout: float = START_TIMEOUT) -> dict:
         """Wait until every partition is owned by a live node and the table is balanced."""

@@ -171,9 +171,9 @@ class NodeMetrics:
 
     async def figures(self, msg: p.NodeFigures, conn: object) -> dict:
         """Memory, disk and RocksDB figures and the clients' requests so far (``RequestFigures.load``), for the
-        coordinator's status page (the disk walk off the event loop)."""
+        coordinator's status page (the disk walk and the RocksDB properties, O(P), off the event loop)."""
         c = self._collector
-        return {"rss_bytes": rss_bytes(), "memory_limit_bytes": c.memory_bytes, "rocksdb": rocksdb_figures(c.store_of()),
+        return {"rss_bytes": rss_bytes(), "memory_limit_bytes": c.memory_bytes, "rocksdb": await asyncio.to_thread(rocksdb_figures, c.store_of()),
                 "disk": await asyncio.to_thread(disk_figures, c.data_dir),
                 "loop_lag_max_seconds": self.loop_lag.worst, "load": self.requests.load()}
 
