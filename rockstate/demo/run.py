@@ -153,22 +153,22 @@ class Demo:
 
     def collect(self, cluster: LocalCluster) -> None:
         """Checkpoint, failover and migration facts, from the cluster itself."""
-        status = cluster.status()
         with cluster.connect() as rs:
             done = [c for c in rs.checkpoints() if c.state == "COMPLETED"]
+            events = rs.backend.events()  # all kept (the status document's last 100 may no longer hold the kill's)
         self.facts["checkpoints"] = len(done)
         self.facts["checkpoint_median"] = statistics.median(c.duration for c in done) if done else None
-        restored = [e for e in status["events"] if e["event"] == "partition_restored"]
+        restored = [e for e in events if e["event"] == "partition_restored"]
         if restored:
             self.facts["restore_seconds"] = max(e["time"] for e in restored) - self.facts["killed_at"]
             # None: restored before any checkpoint completed (empty); a node declared dead later restores to one
             self.facts["restored_to"] = sorted({e["checkpoint"] for e in restored}, key=lambda c: -1 if c is None else c)
             self.facts["restored_partitions"] = len(restored)
-        promoted = [e for e in status["events"] if e["event"] == "primary_promoted"]
+        promoted = [e for e in events if e["event"] == "primary_promoted"]
         if promoted:  # with backups: the killed node's partitions went on from their in-sync backups
             self.facts["promoted_partitions"] = len(promoted)
             self.facts["promote_seconds"] = max(e["time"] for e in promoted) - self.facts["killed_at"]
-        moves = [e for e in status["events"] if e["event"] == "migration_finished" and e.get("target") == self.facts.get("joined")]
+        moves = [e for e in events if e["event"] == "migration_finished" and e.get("target") == self.facts.get("joined")]
         self.facts["moved"] = len(moves)
         self.facts["max_window"] = max((e["write_blocked_seconds"] for e in moves), default=None)
 
