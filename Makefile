@@ -20,7 +20,7 @@ lint: setup
 
 # two workers, a module per worker (tests/conftest.py queues the long modules first)
 test: setup lint
-	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations 25  # the slowest, to keep it under ~10 min
 	$(PY) -m pytest -q -m spark_cluster tests/spark/test_spark_cluster.py  # make spark-cluster's real Spark clusters
 
 demo: setup
