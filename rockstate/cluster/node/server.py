@@ -88,6 +88,7 @@ class Node:
                              ssl=self.security.server_ssl, secret=self.security.secret)
         self.coordinator = AsyncCoordinatorChannel(config.coordinator, lambda address: self._peer(address, timeout=30.0))
         self._heartbeat: asyncio.Task | None = None
+        self._following: asyncio.Task | None = None  # a newer table fetched and applied (_follow)
         self._leaving = False
         self._table_lock = asyncio.Lock()
         self.stopped = asyncio.Event()
@@ -242,8 +243,9 @@ class Node:
             await self.stop()
 
     async def stop(self) -> None:
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
+        for task in (self._heartbeat, self._following):
+            if task is not None:
+                task.cancel()
         await self.replication.stop()
         await self.server.stop()
         await self.coordinator.close()
@@ -266,8 +268,9 @@ class Node:
                 sent = time.monotonic()
                 epoch = await self.coordinator.call(p.Heartbeat(node_id=self._id(), epoch=self.table.epoch), timeout=5.0)
                 if epoch > self.table.epoch:
-                    await self._apply(Table.from_wire(await self.coordinator.call(p.GetTable())))
-                self.gate.ownership.renewed(sent)  # renewed only with the table the coordinator has now
+                    self._follow()  # the lease renewed by a later heartbeat, once that table is applied
+                else:
+                    self.gate.ownership.renewed(sent)  # renewed only with the table the coordinator has now
                 failed = 0
             except UnknownNodeError:  # it forgot us (we had left): join again, unless we are leaving
                 if self._leaving:
@@ -277,6 +280,19 @@ class Node:
                 failed += 1
                 if failed == 1 or failed % 20 == 0:  # one line, then every few seconds, while it lasts
                     log.warning("heartbeat to %s failed (%d in a row): %s", self.coordinator.address, failed, e)
+
+    def _follow(self) -> None:
+        """The coordinator's newer table fetched and applied beside the heartbeats, not in their loop: it waits for
+        the table being applied (its partitions opening: seconds at P=1024), and a node whose heartbeats waited
+        with it was declared dead (all 3 at the start-up of P=1024)."""
+        if self._following is None or self._following.done():
+            self._following = asyncio.create_task(self._fetch_table())
+
+    async def _fetch_table(self) -> None:
+        try:
+            await self._apply(Table.from_wire(await self.coordinator.call(p.GetTable())))
+        except RockstateError as e:  # the next heartbeat that finds a newer table tries again
+            log.warning("could not fetch the table from %s: %s", self.coordinator.address, e)
 
     # -- the table -----------------------------------------------------------
 
