@@ -1,6 +1,7 @@
 """The status page in a real headless Chromium (Debian's, driven by its chromedriver) against a real LocalCluster.
 
-The first test saves the page as docs/images/status-page.png (the picture docs/operations.md shows)."""
+The first test saves the page as a PNG; with ROCKSTATE_UPDATE_SCREENSHOT=1 as docs/images/status-page.png (the
+picture docs/operations.md shows), else in its temporary directory: a test run leaves the checkout as it was."""
 
 import base64
 import json
@@ -144,8 +145,9 @@ def test_page_shows_the_live_cluster_and_follows_a_join(cluster, browser, tmp_pa
             return largest > 0 and segments == max(points, 2)
 
         wait_until(busy, 40, f"{joined.node_id}'s line of keys read to rise", interval=0.1)
-    full_page_screenshot(browser, SCREENSHOT)
-    print(f"\nstatus page screenshot: {SCREENSHOT}")
+    shot = SCREENSHOT if os.environ.get("ROCKSTATE_UPDATE_SCREENSHOT") == "1" else tmp_path / "status-page.png"
+    full_page_screenshot(browser, shot)
+    print(f"\nstatus page screenshot: {shot}")
 
 
 def test_page_and_api_are_behind_the_http_credential_not_the_secret(tmp_path):
