@@ -73,6 +73,8 @@ class ExactlyOnce:
             raise ConfigError(f"exactly_once(checkpoint_every={checkpoint_every!r}): give a number of micro-batches >= 1, or None")
         self.sink, self.spec, self.query = sink, as_spec(client), query
         self.checkpoint, self.checkpoint_every, self.max_attempts = checkpoint, checkpoint_every, max_attempts
+        self._seen: int | None = None  # the last cluster event seen: the next batch's mark
+        self._record_kept: dict | None = None  # the query's record as last written (this sink is its only writer)
 
     @property
     def backend(self):
@@ -109,11 +111,18 @@ class ExactlyOnce:
         return settle(query, self.spec, name=self.query)
 
     def _last_event(self) -> int:
-        events = self.backend.events()
-        return events[-1]["seq"] if events else 0
+        """The mark a batch checks restores from: the last event the previous batch's checks saw (asked of the
+        coordinator once). A restore between two batches thus makes the next one run again: redundant, never wrong."""
+        if self._seen is None:
+            events = self.backend.events()
+            self._seen = events[-1]["seq"] if events else 0
+        return self._seen
 
     def _restored_since(self, mark: int) -> bool:
-        return any(e["event"] in ("partition_restored", "cluster_restored") for e in self.backend.events(mark))
+        events = self.backend.events(mark)
+        if events:
+            self._seen = max(self._seen or 0, events[-1]["seq"])
+        return any(e["event"] in ("partition_restored", "cluster_restored") for e in events)
 
     # -- checkpoint and bookkeeping -----------------------------------------------------
 
@@ -136,9 +145,9 @@ class ExactlyOnce:
     def _record(self, txn: Transaction, batch_id: int, chk: int | None, run_s: float, checkpoint_s: float) -> None:
         """The query's bookkeeping, in the ``_pipelines`` state and the coordinator's status."""
         rows_in, rows_out = (int(c.value) for c in txn.counters) if txn.counters else (None, None)
-        record_batch(self.backend, self.query, {
+        self._record_kept = record_batch(self.backend, self.query, {
             "batch": batch_id, "rows_in": rows_in, "rows_out": rows_out, "seconds": round(run_s, 4),
-            "checkpoint_seconds": round(checkpoint_s, 4), "checkpoint": chk}, last_checkpoint=chk)
+            "checkpoint_seconds": round(checkpoint_s, 4), "checkpoint": chk}, self._record_kept, last_checkpoint=chk)
 
 
 def exactly_once(sink: Callable[[DataFrame, int], Any], *, client: object, query: str,

@@ -21,15 +21,20 @@ PIPELINES = "_pipelines"  # the state where each query's bookkeeping lives
 HISTORY = 20
 
 
-def record_batch(backend, query: str, entry: dict, **fields) -> dict:
+def record_batch(backend, query: str, entry: dict, known: dict | None = None, **fields) -> dict:
     """Add ``entry`` (a batch: ``batch``, rows, seconds, ...) to ``query``'s record, store and report it; returns it.
 
-    ``fields``: more of the record's own fields (``last_checkpoint``, the Spark query's ``id`` and ``name``)."""
+    ``known``: the record as this caller last returned it (the only writer of this query's record), which saves
+    reading it. ``fields``: more of the record's own fields (``last_checkpoint``, the Spark query's ``id`` and
+    ``name``)."""
     entry = {**entry, "time": entry.get("time", time.time())}
     define_state(backend, StateSpec(PIPELINES, "value"))
     key, pid = encode_key(query), partition_of(query, backend.partitions)
-    old = backend.get_many(PIPELINES, {pid: [key]})[pid][0]
-    record = decode_value(old) if old else {"query": query, "batches": []}
+    if known is not None:
+        record = {**known, "batches": list(known["batches"])}
+    else:
+        old = backend.get_many(PIPELINES, {pid: [key]})[pid][0]
+        record = decode_value(old) if old else {"query": query, "batches": []}
     record.update(fields, last_batch=entry["batch"], updated=entry["time"])
     record["batches"] = (record["batches"] + [entry])[-HISTORY:]
     backend.write({pid: [(PUT, PIPELINES, key, encode_value(record))]})
