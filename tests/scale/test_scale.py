@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rockstate.local.cluster import LocalCluster
 from rockstate.testing.history import CAS, READ, WRITE, History, check_history
+from rockstate.testing.idle_loop import IdleLoop
 from rockstate.testing.workload import Workload, keys_for, read_back
 
 PARTITIONS = 271
@@ -39,7 +40,7 @@ class PatientCluster(LocalCluster):
 @pytest.mark.timeout(1500)
 def test_p271_four_nodes_join_kill_leave_under_writes(tmp_path):
     history = History()
-    with PatientCluster(nodes=4, partitions=PARTITIONS, root=str(tmp_path / "cluster"), heartbeat_timeout=HEARTBEAT,
+    with IdleLoop() as idle, PatientCluster(nodes=4, partitions=PARTITIONS, root=str(tmp_path / "cluster"), heartbeat_timeout=HEARTBEAT,
                       checkpoints=f"file://{tmp_path}/checkpoints", backup_count=1) as cluster:
         cluster.wait_replicated(START)
         with cluster.connect(retry_timeout=60) as admin:
@@ -60,12 +61,14 @@ def test_p271_four_nodes_join_kill_leave_under_writes(tmp_path):
             lags = loop_lags(cluster, status)
     report = check_history(history)
     kinds = load.kinds()
-    print(report, kinds)
+    print(report, kinds, f"worst event-loop lags {lags}, an idle loop's on this machine meanwhile {idle.worst:.2f}s")
     assert report.ok, str(report)
     assert not report.documented_loss, str(report)
     assert status["partitions"] == PARTITIONS and len([n for n in status["nodes"] if n["status"] == "alive"]) == 3
     assert min(kinds[k] for k in (READ, WRITE, CAS)) > 0, kinds
-    assert len(lags) == 4 and max(lags.values()) < STALL, f"event loops stalled (seconds, the worst of each): {lags}"
+    # the bound is the cluster's own: beyond what the machine cost an idle loop meanwhile (stalls of every process at once)
+    assert len(lags) == 4 and max(lags.values()) < STALL + idle.worst, \
+        f"event loops stalled (seconds, the worst of each): {lags}; an idle loop on this machine: {idle.worst:.2f}"
 
 
 def loop_lags(cluster: LocalCluster, status: dict) -> dict[str, float]:
