@@ -73,8 +73,20 @@ def test_a_node_that_cannot_learn_the_storage_live_is_named_and_no_aborted_entry
         assert [str(c.state) for c in rs.checkpoints()] == ["COMPLETED"], rs.checkpoints()
 
 
+@pytest.fixture
+def browser(tmp_path):
+    """Headless Chromium when installed (scripts/setup.sh installs it), else None: the page's part is left out."""
+    from .test_status_page import CHROMEDRIVER, CHROMIUM, chromium
+
+    if not (CHROMIUM and CHROMEDRIVER):
+        yield None
+        return
+    with chromium(tmp_path) as driver:
+        yield driver
+
+
 @gen_cluster(nodes=2, partitions=4, processes=True)
-def test_the_status_names_the_nodes_to_restart_for_a_setting_taken_at_registration(cluster):
+def test_the_status_names_the_nodes_to_restart_for_a_setting_taken_at_registration(cluster, browser):
     from .test_cli_status import run
 
     cluster.wait_balanced()
@@ -87,6 +99,11 @@ def test_the_status_names_the_nodes_to_restart_for_a_setting_taken_at_registrati
     first, *rest = status.stdout.splitlines()
     assert f"restart {', '.join(nodes)}: they run with settings the coordinator changed" in first, status.stdout
     assert f"{nodes[0]} (max_value_bytes); {nodes[1]} (max_value_bytes)" in " ".join(" ".join(rest).split()), status.stdout
+    if browser is not None:  # the status page says the same
+        browser.get(cluster.status_url)
+        shown = wait_until(lambda: browser.execute_script("const r = document.getElementById('restart'); return r && r.textContent"),
+                           30, "the page's restart line")
+        assert shown.startswith(f"restart {nodes[0]} (max_value_bytes); {nodes[1]} (max_value_bytes)"), shown
     for i, node in enumerate(nodes):
         cluster.stop_node(node)
         cluster.restart_node(node)

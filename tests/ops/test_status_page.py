@@ -4,6 +4,7 @@ The first test saves the page as a PNG; with ROCKSTATE_UPDATE_SCREENSHOT=1 as do
 picture docs/operations.md shows), else in its temporary directory: a test run leaves the checkout as it was."""
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -27,6 +28,13 @@ needs_chromium = pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="Deb
 
 @pytest.fixture
 def browser(tmp_path):
+    with chromium(tmp_path) as driver:
+        yield driver
+
+
+@contextlib.contextmanager
+def chromium(tmp_path: Path):
+    """Headless Chromium driven through Debian's chromedriver, its profile in ``tmp_path``."""
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -39,6 +39,9 @@ function summary(s) {
   out.replaceChildren(parts.join(" · "));
   if (s.unavailable) out.append(" · ", el("span", { class: "warn", id: "unavailable" }, `${s.unavailable} partitions without a live owner`));
   if (s.checkpoints) out.append(` · latest checkpoint ${s.checkpoints.latest ?? "none yet"}`);
+  const restart = Object.entries(s.restart || {}).sort();
+  if (restart.length) out.append(" · ", el("span", { class: "warn", id: "restart" },
+    `restart ${restart.map(([node, names]) => `${node} (${names.join(", ")})`).join("; ")}: settings a node takes when it registers, changed on the coordinator since`));
 }
 
 function nodes(s) {
