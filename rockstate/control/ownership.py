@@ -86,8 +86,9 @@ class Ownership:
     # -- the lease ---------------------------------------------------------------
 
     def renewed(self, sent: float) -> None:
-        """The coordinator answered a heartbeat (or registration) sent at ``sent``."""
-        self.lease_until = sent + self.lease
+        """The coordinator answered a heartbeat (or registration) sent at ``sent``. Never shortens the lease: a
+        heartbeat's renewal may come after a later one's (it waited for the newer table it named to be applied)."""
+        self.lease_until = max(self.lease_until, sent + self.lease)
 
     # -- the table ---------------------------------------------------------------
 

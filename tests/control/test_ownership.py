@@ -62,6 +62,14 @@ def test_the_lease_fences_client_requests_not_the_coordinators():
     assert own.check(0, 3, 104.0) == 0
 
 
+def test_a_late_renewal_never_shortens_the_lease():
+    """A heartbeat's renewal waits for the newer table it named to be applied: a later heartbeat may renew first."""
+    own = joined(now=100.0)
+    own.renewed(102.0)
+    own.renewed(101.0)  # the earlier heartbeat's, after its table was applied
+    assert own.check(0, 3, 104.0) == 0
+
+
 def test_partitions_out_of_range_are_named():
     own = joined()
     for bad in (4, -1, "0", 1.0, None):

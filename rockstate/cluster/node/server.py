@@ -268,7 +268,7 @@ class Node:
                 sent = time.monotonic()
                 epoch = await self.coordinator.call(p.Heartbeat(node_id=self._id(), epoch=self.table.epoch), timeout=5.0)
                 if epoch > self.table.epoch:
-                    self._follow()  # the lease renewed by a later heartbeat, once that table is applied
+                    self._follow(sent, epoch)  # renewed once that table is applied
                 else:
                     self.gate.ownership.renewed(sent)  # renewed only with the table the coordinator has now
                 failed = 0
@@ -281,18 +281,21 @@ class Node:
                 if failed == 1 or failed % 20 == 0:  # one line, then every few seconds, while it lasts
                     log.warning("heartbeat to %s failed (%d in a row): %s", self.coordinator.address, failed, e)
 
-    def _follow(self) -> None:
-        """The coordinator's newer table fetched and applied beside the heartbeats, not in their loop: it waits for
-        the table being applied (its partitions opening: seconds at P=1024), and a node whose heartbeats waited
-        with it was declared dead (all 3 at the start-up of P=1024)."""
+    def _follow(self, sent: float, epoch: int) -> None:
+        """The coordinator's newer table (``epoch``, named by a heartbeat sent at ``sent``) fetched and applied beside
+        the heartbeats, not in their loop: it waits for the table being applied (its partitions opening: seconds at
+        P=1024), and a node whose heartbeats waited with it was declared dead (all 3 at the start-up of P=1024)."""
         if self._following is None or self._following.done():
-            self._following = asyncio.create_task(self._fetch_table())
+            self._following = asyncio.create_task(self._fetch_table(sent, epoch))
 
-    async def _fetch_table(self) -> None:
+    async def _fetch_table(self, sent: float, epoch: int) -> None:
         try:
             await self._apply(Table.from_wire(await self.coordinator.call(p.GetTable())))
         except RockstateError as e:  # the next heartbeat that finds a newer table tries again
             log.warning("could not fetch the table from %s: %s", self.coordinator.address, e)
+            return
+        if self.table.epoch >= epoch:  # with the table the coordinator had when it answered
+            self.gate.ownership.renewed(sent)
 
     # -- the table -----------------------------------------------------------
 
