@@ -67,6 +67,12 @@ def promoted(cluster, after: int = 0) -> list[dict]:
     return [e for e in cluster.status()["events"] if e["event"] == "primary_promoted" and e["seq"] > after]
 
 
+def in_sync_beyond(status: dict, nodes: set[str]) -> bool:
+    """Whether every partition has an in-sync replica (its elected primary, or an in-sync backup) outside ``nodes``."""
+    return all((r["primary"] not in nodes and not r["waiting_for_election"])
+               or any(b["in_sync"] and b["node"] not in nodes for b in r["backups"]) for r in status["replicas"])
+
+
 def last_event(cluster) -> int:
     events = cluster.status()["events"]
     return events[-1]["seq"] if events else 0
@@ -130,6 +136,9 @@ def test_a_kill_during_re_replication_loses_nothing(tmp_path):
                 wait_until(lambda: promoted(cluster, after), 30, "a promotion")
                 copying = wait_until(lambda: [e for e in cluster.status()["events"] if e["seq"] > after
                                               and e["event"] == "replica_copied"], 30, "re-replication under way")
+                # what backup_count=2 promises after one death: every partition keeps an in-sync replica beyond
+                # `second` (a loaded machine can leave a backup out of sync for a while: that is a third failure)
+                wait_until(lambda: in_sync_beyond(cluster.status(), {first, second}), 60, "an in-sync replica beyond the second")
                 cluster.kill_node(second)
                 wait_until(lambda: all(n["status"] != "alive" for n in cluster.status()["nodes"]
                                        if n["node_id"] in (first, second)), 30, "both declared dead")
