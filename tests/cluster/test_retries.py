@@ -11,7 +11,8 @@ import threading
 import pytest
 
 from rockstate.cluster import protocol as p
-from rockstate.rpc.frames import MAGIC
+from rockstate.rpc.frames import MAGIC, decode
+from rockstate.rpc.messages import parse_reply
 from rockstate.local.cluster import wait_until
 from rockstate.errors import ProtocolError
 from rockstate.rpc.client import Channel
@@ -24,7 +25,8 @@ _HEADER = struct.Struct(">I")  # rpc/frames.py: a frame is a 4-byte big-endian b
 
 
 class ReplyDropper:
-    """A TCP proxy to a node that, while ``drops`` > 0, forwards a request and then swallows its reply:
+    """A TCP proxy to a node that, while ``drops`` > 0, forwards a request and then swallows its reply (a result; an
+    error is passed on, its request was not applied):
     it calls ``on_drop()`` and closes the connection, as a network failure after the node applied it would.
     The first reply on a connection (the handshake's) always passes."""
 
@@ -65,8 +67,8 @@ class ReplyDropper:
             handshake = True
             while len(header := stream.read(_HEADER.size)) == _HEADER.size:
                 frame = header + stream.read(_HEADER.unpack(header)[0])
-                with self.lock:
-                    drop = not handshake and self.drops > 0
+                with self.lock:  # an error answers a request the node did not apply (e.g. a lease lapsed under load)
+                    drop = not handshake and self.drops > 0 and not isinstance(parse_reply(decode(frame[_HEADER.size:]))[1], Exception)
                     if drop:
                         self.drops, self.dropped = self.drops - 1, self.dropped + 1
                 if drop:
