@@ -83,6 +83,7 @@ class Partition:
         # Any: rocksdict's stubs take a multi-get's keys as an invariant list of scalars, not list[bytes]
         self._families: dict[str, Any] = {n: self.db.get_column_family(n) for n in families}
         self._handles = {n: self.db.get_column_family_handle(n) for n in families}
+        resources.memtables(len(families))
 
     # -- states ----------------------------------------------------------
 
@@ -95,6 +96,7 @@ class Partition:
             if name not in self._families:
                 self._families[name] = self._open().create_column_family(name, self._resources.options())
                 self._handles[name] = self._open().get_column_family_handle(name)
+                self._resources.memtables(1)
 
     def states(self) -> list[str]:
         return list(self._families)
@@ -396,6 +398,7 @@ class Partition:
         background work: a store drops partitions in the background, trash.py)."""
         with self.lock:
             db, self.db = self.db, None
+            self._resources.memtables(-len(self._families))
             self._families.clear()
             self._handles.clear()
             return db
