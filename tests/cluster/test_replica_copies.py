@@ -4,9 +4,15 @@ killed, every key reads back from the promoted backups."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from rockstate.cluster import protocol as p
+from rockstate.cluster.replication.copies import OPENING
+from rockstate.errors import PartitionUnavailableError, ProtocolError
 from rockstate.local.cluster import wait_until
+from rockstate.rpc.client import Channel
 from rockstate.testing.cluster import gen_cluster
 from rockstate.testing.workload import keys_for
 
@@ -40,3 +46,27 @@ def test_backups_of_never_written_partitions_are_empty_copies_and_written_ones_c
         cluster.kill_node(victim)
         wait_until(lambda: not set(rs.backend.refresh().owned_by(victim)), 60, "the victim's partitions promoted")
         assert state.get_many(keys) == [f"value-{k}" for k in keys]
+
+
+@gen_cluster(nodes=2, partitions=PARTITIONS, backup_count=1)
+def test_a_copy_asked_of_a_node_that_handed_the_partition_on_is_refused_at_once(cluster):
+    # In a join, a backup's copy request can reach a primary that has just handed one of its partitions on. It
+    # waited OPENING (10 s) for it to come back, then the next request waited again: joins of 35-45 s at P=271.
+    cluster.wait_replicated(60)
+    with cluster.connect() as rs:
+        table = rs.backend.refresh()
+        pid = 0
+        primary = table.owners[pid]
+        other = next(n for n in table.addresses if n != primary)
+        channel = Channel(table.addresses[other])  # a node that is not pid's primary, at pid's replica epoch
+        try:
+            start = time.monotonic()
+            with pytest.raises(PartitionUnavailableError):
+                channel.call(p.ReplicaCopy(partitions=[pid], node=primary, epochs=[table.replica_epoch(pid)]))
+            assert time.monotonic() - start < OPENING / 2
+            with pytest.raises(ProtocolError, match="epochs"):  # refused, and the node goes on serving
+                channel.call(p.ReplicaCopy(partitions=[pid], node=primary, epochs=[1, 2]))
+        finally:
+            channel.close()
+        rs.value_state("after").put("k", "v")
+        assert rs.value_state("after").get("k") == "v"

@@ -216,6 +216,7 @@ class ReplicaCopy(Ranged, Message):
     names = {"node": "node id"}
     partitions: list
     node: str
+    epochs: list | None = None  # each partition's replica epoch the backup was told to copy at (None: a node before them)
 
 
 class ReplicaCatchUp(Message):
