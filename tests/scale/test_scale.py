@@ -5,7 +5,6 @@ and no process's event loop stalled for more than a small fraction of the lease 
 
 from __future__ import annotations
 
-import os
 import urllib.request
 
 import pytest
@@ -33,9 +32,6 @@ class PatientCluster(LocalCluster):
         return super().wait_balanced(timeout)
 
 
-@pytest.mark.skipif(not os.environ.get("ROCKSTATE_SCALE_TESTS"), reason=(
-    "issue 33: 1.5-2.5 min on the loaded 2-core machine (passed there at load average 8-11, its loop lag bound "
-    "taken beyond an idle loop's): make scale runs it (or ROCKSTATE_SCALE_TESTS=1)"))
 @pytest.mark.timeout(1500)
 def test_p271_four_nodes_join_kill_leave_under_writes(tmp_path):
     history = History()
