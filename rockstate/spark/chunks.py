@@ -26,6 +26,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 
+def _nulls_per_key() -> bool:
+    """Whether this pyarrow takes null placement per sort key (``(name, order, placement)``): from 25 the one
+    placement for all keys is deprecated (a warning per chunk), and older versions know only that one."""
+    try:
+        pc.sort_indices(pa.table({"k": [1]}), sort_keys=[("k", "ascending", "at_start")])
+        return True
+    except (TypeError, ValueError):  # pa.ArrowInvalid is a ValueError
+        return False
+
+
+_NULLS_PER_KEY = _nulls_per_key()
+
+
 def _normalized(table: pa.Table, keys: Sequence[str]) -> pa.Table:
     """Float key columns with -0.0 turned into 0.0 (x + 0.0), as Spark's grouping does."""
     for name in keys:
@@ -59,7 +72,11 @@ def group_starts(table: pa.Table, keys: Sequence[str]) -> np.ndarray:
 
 def _sorted(tables: list[pa.Table], partition: str, keys: Sequence[str]) -> tuple[pa.Table, np.ndarray]:
     table = _normalized(pa.concat_tables(tables), keys)
-    order = pc.sort_indices(table, sort_keys=[(partition, "ascending")] + [(k, "ascending") for k in keys], null_placement="at_start")
+    names = [partition, *keys]
+    if _NULLS_PER_KEY:
+        order = pc.sort_indices(table, sort_keys=[(name, "ascending", "at_start") for name in names])
+    else:
+        order = pc.sort_indices(table, sort_keys=[(name, "ascending") for name in names], null_placement="at_start")
     table = table.take(order)
     return table, group_starts(table, keys)
 
