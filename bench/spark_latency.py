@@ -14,8 +14,10 @@ Engines, each from empty state:
 - Spark ``transformWithStateInPandas`` (RocksDB state store);
 - rockstate ``transform_with_state`` (``handle_batch``: one ``get_many`` and
   one ``put_many`` per task) on the streaming DataFrame (the natural shape),
-  and the same operator inside ``foreachBatch(exactly_once(...))`` writing
-  to ``noop``; their state in a ``LocalCluster`` of --nodes (3) node
+  the same operator inside ``foreachBatch(exactly_once(...))`` writing
+  to ``noop``, and inside a plain ``foreachBatch`` (exactly once by the
+  operator's own protocol, without exactly_once's re-run on a restore:
+  the wrapper's floor); their state in a ``LocalCluster`` of --nodes (3) node
   processes with the default backup (one synchronous backup per partition);
 - the floor: the operator's plan without state -- the rows given their
   rockstate partition and shuffled as the operator does, into one
@@ -68,8 +70,9 @@ NATIVE = "Spark SQL groupBy().count(), RocksDB state"
 TWS = "Spark transformWithStateInPandas, RocksDB"
 NATURAL = "rockstate, operator on the stream"
 EXACTLY_ONCE = "rockstate, inside foreachBatch(exactly_once)"
+FOREACH = "rockstate, inside plain foreachBatch"  # exactly once by the operator's own protocol; exactly_once's floor
 FLOOR = "floor: the operator's shuffle + mapInArrow, no state"
-ENGINES = (NATIVE, TWS, NATURAL, EXACTLY_ONCE, FLOOR)
+ENGINES = (NATIVE, TWS, NATURAL, EXACTLY_ONCE, FOREACH, FLOOR)
 
 
 def _nothing(batches):
@@ -118,8 +121,11 @@ class Bench:
                 transform_with_state(batch.select("key"), "key", VectorCount("count"), OUTPUT, address) \
                     .write.format("noop").mode("overwrite").save()
 
-            wrapper = exactly_once(sink, client=address, query=query_name)
-            writer = df.writeStream.foreachBatch(wrapper)
+            if engine == FOREACH:
+                writer = df.writeStream.foreachBatch(sink)
+            else:
+                wrapper = exactly_once(sink, client=address, query=query_name)
+                writer = df.writeStream.foreachBatch(wrapper)
         q = writer.option("checkpointLocation", os.path.join(self.root, f"chk-{self.runs}")).trigger(availableNow=True).start()
         q.awaitTermination()
         if q.exception() is not None:
@@ -129,7 +135,7 @@ class Bench:
         if wrapper is not None:
             wrapper.settle(q)
             return times, state_name(query_name, "VectorCount", "count")
-        if engine == NATURAL:
+        if engine in (NATURAL, FOREACH):
             settle(q, address)
             return times, state_name(q, "VectorCount", "count")
         return times, None
