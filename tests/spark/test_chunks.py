@@ -8,7 +8,8 @@ from rockstate.spark.chunks import chunks
 
 
 def test_chunks_sort_by_partition_then_key_with_nulls_first_and_no_warning():
-    batches = [pa.record_batch({"p": [1, 0, 1], "k": [None, 2, 1]}), pa.record_batch({"p": [0, 1, 0], "k": [None, None, 2]})]
+    batches = [pa.RecordBatch.from_pydict({"p": [1, 0, 1], "k": [None, 2, 1]}),
+               pa.RecordBatch.from_pydict({"p": [0, 1, 0], "k": [None, None, 2]})]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # pyarrow >= 25 deprecates one null placement for all keys: a warning per chunk
         out = list(chunks(iter(batches), "p", ["k"], 1 << 20))
