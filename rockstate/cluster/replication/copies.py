@@ -96,7 +96,8 @@ class ReplicaCopies:
         deadline = time.monotonic() + OPENING
         while True:
             served = [pid for pid in pids if self._primaries.serves(pid, node)]
-            coming = [pid for pid in pids if pid not in served and self._replica_epoch(pid) < epochs.get(pid, 1 << 62)]
+            coming = [pid for pid in pids if pid not in served
+                      and (pid not in epochs or self._replica_epoch(pid) < epochs[pid])]
             if not coming or time.monotonic() > deadline:
                 return served
             await asyncio.sleep(0.1)
