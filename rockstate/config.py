@@ -171,7 +171,7 @@ class CheckpointConfig(Settings):
     local_snapshots: int = Field(2, ge=0, description="local snapshots kept per partition, for restores without downloading")
     transfer_threads: int | None = Field(None, ge=1, description="files uploaded or downloaded at once (None: 16 for object stores, one per core for file systems)")
     verify_local: bool = Field(True, description="check local snapshot files' checksums before restoring from them")
-    sweep: bool = Field(True, description="after each checkpoint, list the storage and delete files no retained checkpoint uses")
+    sweep: bool = Field(True, description="list the storage after a checkpoint and delete files no retained checkpoint uses: after the first, after an abort, else every 10 minutes")
     accept_unsigned: bool = Field(False, description="with a cluster secret, also restore checkpoints whose _metadata has no HMAC (written before rockstate signed them, or without a secret); anyone who can write to the storage can then plant one: turn it off once a signed checkpoint exists")
 
 

@@ -9,6 +9,7 @@ cluster's coordinator). All of them block: call them from a thread
 from __future__ import annotations
 
 import logging
+import time
 
 from ..errors import CorruptCheckpointError
 from .coordinator import Aborted, CheckpointCoordinator, CheckpointPolicy, CheckpointRecord, Completed, CompletedCheckpoint, Discard, WriteMetadata, plan_sweep
@@ -48,7 +49,8 @@ def collect_garbage(storage: CheckpointStorage, done: Completed, coordinator: Ch
     """Delete the checkpoints beyond retention and the files no retained checkpoint uses; then ``gc_done``.
 
     ``sweep`` also lists the storage and deletes what no retained checkpoint
-    uses (leftovers of aborted checkpoints and dead uploads). A failure is
+    uses (leftovers of aborted checkpoints and dead uploads), when the
+    coordinator says one is due (``sweep_due``). A failure is
     logged, not raised: the checkpoint is complete, and a later sweep
     deletes what is left.
     """
@@ -57,11 +59,12 @@ def collect_garbage(storage: CheckpointStorage, done: Completed, coordinator: Ch
             storage.delete([metadata_path(chk)])  # first: never a half-deleted checkpoint that looks complete
             storage.delete_tree(checkpoint_dir(chk))
         storage.delete(done.delete_files)
-        if sweep:
+        if sweep and coordinator.sweep_due(time.time()):
             garbage = plan_sweep(storage.list(), coordinator.retained_paths())
             for chk in sorted({checkpoint_id_of(p) for p in garbage} - {None}):
                 storage.delete_tree(checkpoint_dir(chk))  # the folder too, not only its files
             storage.delete([p for p in garbage if checkpoint_id_of(p) is None])
+            coordinator.swept(time.time())
     except Exception as exc:
         log.warning("garbage collection after checkpoint %s failed: %s", done.record.checkpoint_id, exc)
     finally:

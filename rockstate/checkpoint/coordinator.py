@@ -27,7 +27,12 @@ Transitions:
 - ``metadata_written(id)``: COMPLETED. Returns ``Completed``: checkpoints
   beyond ``retained`` to delete, and the shared files only they reference —
   never a file a retained checkpoint references. The caller deletes them,
-  then calls ``gc_done()``; no checkpoint starts meanwhile.
+  then calls ``gc_done()``; no checkpoint starts meanwhile. ``sweep_due(now)``
+  says whether that caller should also list the storage for files no retained
+  checkpoint uses (leftovers of aborted checkpoints, dead uploads): after the
+  first completion, after any abort since the last sweep, and otherwise every
+  ``SWEEP_EVERY`` seconds, since a listing is O(files stored) (``swept(now)``
+  once done).
 - ``decline(id, partition, reason)``, ``fail(id, reason)``, or ``tick(now)``
   / ``timeouts(now)`` past ``timeout``: ABORTED. Returns ``Aborted``: the checkpoint's folder and
   the shared files its acked manifests uploaded, to delete; and whether the
@@ -48,6 +53,7 @@ from .manifest import CheckpointMetadata, ManifestRef, PartitionManifest
 from .storage import checkpoint_dir, checkpoint_id_of, manifest_path
 
 HISTORY = 100
+SWEEP_EVERY = 600.0  # seconds between listings of the storage while no checkpoint aborts
 
 IN_PROGRESS, COMPLETED, ABORTED = "IN_PROGRESS", "COMPLETED", "ABORTED"
 
@@ -164,6 +170,8 @@ class CheckpointCoordinator:
         self.consecutive_failures = 0
         self._last_end: float | None = None
         self._last_periodic: float | None = None
+        self._last_sweep: float | None = None
+        self._aborted_since_sweep = False
 
     # -- queries -----------------------------------------------------------------
 
@@ -286,6 +294,12 @@ class CheckpointCoordinator:
     def gc_done(self) -> None:
         self.collecting = False
 
+    def sweep_due(self, now: float) -> bool:
+        return self._last_sweep is None or self._aborted_since_sweep or now - self._last_sweep >= SWEEP_EVERY
+
+    def swept(self, now: float) -> None:
+        self._last_sweep, self._aborted_since_sweep = now, False
+
     def decline(self, checkpoint_id: int, partition: int, reason: str, now: float) -> Aborted | None:
         """A partition could not snapshot: the checkpoint is aborted (None if it is no longer in flight)."""
         if self.in_flight is None or self.in_flight.record.checkpoint_id != checkpoint_id:
@@ -313,6 +327,7 @@ class CheckpointCoordinator:
         uploaded = sorted(f.path for m in flight.manifests.values() for f in m.files if f.uploaded and f.shared)
         self.in_flight, self._last_end = None, now
         self.consecutive_failures += 1
+        self._aborted_since_sweep = True
         return Aborted(record, checkpoint_dir(record.checkpoint_id), tuple(uploaded), self.consecutive_failures > self.policy.tolerable_failures)
 
     def _remember(self, record: CheckpointRecord) -> None:

@@ -36,7 +36,7 @@ import hmac
 import json
 import time
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import BinaryIO, Sequence
 
 from ..errors import CheckpointAuthenticationError, CorruptCheckpointError
@@ -84,8 +84,8 @@ class FileEntry:
     shared: bool  # an immutable SST that later checkpoints may reference
     uploaded: bool = False  # uploaded by this checkpoint (False: referenced from an earlier one)
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    def to_dict(self) -> dict:  # not dataclasses.asdict: it deep-copies, and a checkpoint makes one per file
+        return dict(vars(self))
 
     @classmethod
     def from_dict(cls, d: dict) -> "FileEntry":
@@ -173,7 +173,7 @@ class ManifestRef:
     digest: str = ""  # "sha256:<hex>" of the manifest's bytes ("" in checkpoints older than signing)
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = dict(vars(self))  # plain fields: no deep copy needed
         if not self.digest:
             del d["digest"]
         return d

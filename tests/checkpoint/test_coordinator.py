@@ -11,6 +11,7 @@ from rockstate.checkpoint.coordinator import (
     CheckpointPolicy,
     CheckpointRecord,
     Completed,
+    SWEEP_EVERY,
     CompletedCheckpoint,
     Discard,
     Trigger,
@@ -120,6 +121,20 @@ def test_timeout_aborts_and_lists_the_partial_files():
     assert coord.consecutive_failures == 0  # a completion resets the count
     states = [(r.checkpoint_id, r.state) for r in coord.history()]
     assert states == [(1, ABORTED), (2, ABORTED), (3, COMPLETED)]
+
+
+def test_the_storage_is_listed_after_the_first_completion_an_abort_or_a_while_not_after_every_checkpoint():
+    coord = CheckpointCoordinator(1, CheckpointPolicy(timeout=5.0))
+    complete(coord, 0.0)
+    assert coord.sweep_due(1.0)  # a new coordinator: an earlier one may have left files behind
+    coord.swept(1.0)
+    complete(coord, 2.0)
+    assert not coord.sweep_due(3.0)  # a listing is O(files stored): not per checkpoint
+    coord.trigger(4.0)
+    coord.tick(9.0)  # aborted: what its uploads left is garbage
+    assert coord.sweep_due(10.0)
+    coord.swept(10.0)
+    assert not coord.sweep_due(10.0 + SWEEP_EVERY - 1) and coord.sweep_due(10.0 + SWEEP_EVERY)
 
 
 def test_retention_drops_old_checkpoints_and_only_files_no_retained_one_uses():
