@@ -79,6 +79,10 @@ class _Wait:
         if not self.done.done():
             self.done.set_exception(error)
 
+    def expire(self) -> None:
+        if not self.done.done():
+            self.done.set_exception(TimeoutError())
+
     def cancel(self) -> None:
         """Waited for no more (answered, timed out, cancelled): ``_resolve`` drops its entries."""
         if not self.done.done():
@@ -257,14 +261,17 @@ class Primaries:
             self._waiters.setdefault(pid, []).append((seq, wait))
         if wait is None:
             return
+        # a timer on the future, not asyncio.timeout (an inline request's first step runs outside any task,
+        # rpc/serving.py) nor wait_for (a future, a callback and a timer more per write)
+        expiry = wait.done.get_loop().call_later(4 * self._timeout() + 5.0, wait.expire)
         try:
-            # not asyncio.timeout: an inline request's first step runs outside any task (rpc/serving.py)
-            await asyncio.wait_for(wait.done, 4 * self._timeout() + 5.0)
+            await wait.done
         except TimeoutError:
             pid, seq = next(((pid, seq) for pid, waiting in self._waiters.items() for seq, w in waiting if w is wait), (-1, 0))
             raise PartitionUnavailableError(
                 f"partition {pid}'s backups have not applied its batch {seq}; retry", partition=pid) from None
         finally:
+            expiry.cancel()
             wait.cancel()
 
     def _resolve(self, pid: int, newly: list) -> None:
