@@ -12,11 +12,18 @@ Shapes: a 5,000-key batch on 3 nodes at P=16 (5 pieces of 333 keys per node), P=
 and P=1024 (341 of 5); 36-byte UUID keys, 100-byte values; microseconds per request, the median
 of BENCH_SHARED_ROUNDS (60), and the ratio of today's layout to each.
 
+A second table: what a node's start-up and checkpoint cost in each layout, with the column families
+every written partition has (its state, ``_requests``, ``_replication``): the node's share of the
+partitions created (each DB's files made and synced), opened again (a restart), and, after one
+request's pieces were written, flushed and hard-linked into a RocksDB checkpoint (a DB per partition:
+one checkpoint each; one DB: one checkpoint). Seconds, the median of BENCH_SHARED_COPY_ROUNDS (3).
+
     .venv/bin/python bench/shared_db.py
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import statistics
@@ -28,7 +35,7 @@ import uuid
 sys.path.insert(0, os.path.dirname(__file__))
 
 from common import print_table  # noqa: E402
-from rocksdict import Rdict, WriteBatch  # noqa: E402
+from rocksdict import Checkpoint, Rdict, WriteBatch  # noqa: E402
 
 from rockstate.store.resources import Resources  # noqa: E402
 
@@ -86,6 +93,60 @@ def measure(root: str, n: int, k: int) -> dict[str, float]:
     return {name: statistics.median(t) * 1e6 for name, t in times.items()}
 
 
+FAMILIES = ("s", "_requests", "_replication")
+COPY_ROUNDS = int(os.environ.get("BENCH_SHARED_COPY_ROUNDS", "3"))
+
+
+def _layouts(n: int) -> dict[str, list[tuple[str, tuple[str, ...]]]]:
+    """Each layout's DBs on a node holding ``n`` partitions: (folder, column families)."""
+    return {"many": [(f"p{i}", FAMILIES) for i in range(n)],
+            "families": [("cf", tuple(f"{f}{i}" for i in range(n) for f in FAMILIES))],
+            "prefixed": [("prefix", FAMILIES)]}
+
+
+def _write_and_checkpoint(opened: list, dbs: list, per_family: int, base: str) -> float:
+    """Writes ``per_family`` keys into every family, then times each DB's flush and hard-link checkpoint."""
+    for db, (_, cfs) in zip(opened, dbs):
+        batch = WriteBatch(raw_mode=True)
+        for f in cfs:
+            handle = db.get_column_family_handle(f)
+            for key in range(per_family):
+                batch.put(key.to_bytes(4, "big") + f.encode(), VALUE, handle)
+        db.write(batch)
+    start = time.perf_counter()
+    for i, (db, (_, cfs)) in enumerate(zip(opened, dbs)):
+        for f in cfs:
+            db.get_column_family(f).flush()
+        Checkpoint(db).create_checkpoint(os.path.join(base, f"chk-{i}"))
+    return time.perf_counter() - start
+
+
+def copies(root: str, n: int, k: int) -> dict[str, dict[str, float]]:
+    """Seconds to create, reopen and checkpoint a node's ``n`` partitions in each layout."""
+    res = Resources(64 << 20)
+    out: dict[str, dict[str, list[float]]] = {}
+    for name, dbs in _layouts(n).items():
+        times = out.setdefault(name, {"create": [], "reopen": [], "checkpoint": []})
+        for r in range(COPY_ROUNDS):
+            base = os.path.join(root, f"{name}{r}")
+            start = time.perf_counter()
+            opened = [Rdict(os.path.join(base, d), res.options(), column_families={f: res.options() for f in cfs}) for d, cfs in dbs]
+            times["create"].append(time.perf_counter() - start)
+            per_family = k * n if name == "prefixed" else k  # the request's n pieces of k keys, in every family
+            times["checkpoint"].append(_write_and_checkpoint(opened, dbs, per_family, base))
+            for db in opened:
+                db.close()
+            del opened
+            gc.collect()  # a column family's handle keeps its DB (and the DB's lock) until it is collected
+            start = time.perf_counter()
+            opened = [Rdict(os.path.join(base, d), res.options(), column_families={f: res.options() for f in cfs}) for d, cfs in dbs]
+            times["reopen"].append(time.perf_counter() - start)
+            for db in opened:
+                db.close()
+            shutil.rmtree(base, ignore_errors=True)
+    return {name: {m: statistics.median(t) for m, t in ms.items()} for name, ms in out.items()}
+
+
 def main() -> None:
     rows = []
     for P, n, k in SHAPES:
@@ -100,6 +161,20 @@ def main() -> None:
                 "and today's time over each",
                 ["shape", "DB each µs", "µs/piece", "one DB, CF each µs", "x gain", "one DB, key groups µs", "x gain"],
                 rows)
+    rows = []
+    for P, n, k in SHAPES:
+        root = tempfile.mkdtemp(prefix="rockstate-bench-shared-")
+        try:
+            s = copies(root, n, k)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        for what in ("create", "reopen", "checkpoint"):
+            many = s["many"][what]
+            rows.append([f"P={P}: {n} partitions", what, many, s["families"][what], many / s["families"][what],
+                         s["prefixed"][what], many / s["prefixed"][what]])
+    print_table("a node's partitions created, reopened and checkpointed: a DB per partition (today) against one shared DB; "
+                "seconds, and today's time over each",
+                ["shape", "step", "DB each s", "one DB, CF each s", "x gain", "one DB, key groups s", "x gain"], rows)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,12 @@ native (in-memory state, the faster of the two).
 Key kinds: the table above has bigint keys; a second table runs the same
 events with 36-character UUID-string keys and with a (tenant string, bigint)
 key of two columns, rockstate vectorized against native aggregation (goal
-for string keys: >= 1.0x native on the RocksDB state store).
+for string keys: >= 1.0x native on the RocksDB state store), and the
+operator's floor: its plan without state (the rows given their rockstate
+partition, shuffled to the owner's task, one mapInArrow pass that reads
+them). Spark's aggregation counts each task's rows before its shuffle
+(partial aggregation: at most a row per key and task crosses it); the
+operator's shuffle carries every event to Python.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ from pyspark.sql.types import LongType, StructField, StructType  # noqa: E402
 import rockstate  # noqa: E402
 from common import key_of, print_table  # noqa: E402
 from rockstate.spark import ParquetSink, StatefulProcessor, close_clients, exactly_once, settle, state_name, transform_with_state  # noqa: E402
+from rockstate.spark.partitioning import PARTITION_COLUMN, route_by_owner, with_partition  # noqa: E402
 
 EVENTS = int(os.environ.get("BENCH_SPARK_EVENTS", 1_000_000))
 KEYS = int(os.environ.get("BENCH_SPARK_KEYS", 100_000))
@@ -73,6 +79,7 @@ BATCHES = int(os.environ.get("BENCH_SPARK_BATCHES", 5))
 REPEAT = int(os.environ.get("BENCH_SPARK_REPEAT", 3))
 FILES_PER_BATCH = 2
 PARTITIONS = 16
+FLOOR = "floor: the operator's shuffle + mapInArrow, no state"
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 OUTPUT = "key long, count long"
@@ -151,10 +158,17 @@ def write_events(directory: str, events: int, keys: int, seed: int, kind: str = 
     return np.bincount(key, minlength=keys)
 
 
+def _nothing(batches):
+    for _ in batches:
+        pass
+    return iter(())
+
+
 class Bench:
     def __init__(self, spark: SparkSession, cluster: rockstate.LocalCluster, root: str) -> None:
         self.spark, self.cluster, self.root = spark, cluster, root
         self.runs = 0
+        self.owners: list = []  # the partition table's owners, for the floor
 
     kind = "int"
 
@@ -198,6 +212,18 @@ class Bench:
             return elapsed
 
         return run
+
+    def floor(self, source: str) -> float:
+        """The operator's plan without state: the rows given their rockstate partition, shuffled to its owner's
+        task, one mapInArrow pass that reads them and answers nothing."""
+        columns = KEY_KINDS[self.kind][0]
+        owners = self.owners
+
+        def query(df):
+            routed = route_by_owner(with_partition(df.select(*columns), columns, len(owners)), PARTITION_COLUMN, owners, 2)
+            return routed.mapInArrow(_nothing, KEY_KINDS[self.kind][1])
+
+        return self.stream(source, HDFS, query, "append")
 
     def tws(self, source: str) -> float:
         return self.stream(source, ROCKSDB, lambda df: df.select("key").groupBy("key").transformWithStateInPandas(
@@ -251,6 +277,7 @@ def main() -> None:
                         if len(samples[name]) < runs:
                             samples[name].append(timed(name, events))
                             print(f"round {done}: {name} {samples[name][-1]:.2f}s", flush=True)
+                bench.owners = rs.backend.table.owners
                 kinds_rows = key_kinds(bench, rs, root)
             close_clients()
     finally:
@@ -284,7 +311,8 @@ def key_kinds(bench: Bench, rs, root: str) -> list[list]:
         events = os.path.join(root, f"events-{kind}")
         expected = write_events(events, EVENTS, KEYS, seed=1, kind=kind).tolist()
         keys = [key_of(kind, i) for i in range(KEYS)]
-        engines = {"rockstate, vectorized": bench.rockstate(VectorCount), NATIVE: bench.native(HDFS), NATIVE_ROCKSDB: bench.native(ROCKSDB)}
+        engines = {"rockstate, vectorized": bench.rockstate(VectorCount), NATIVE: bench.native(HDFS), NATIVE_ROCKSDB: bench.native(ROCKSDB),
+                   FLOOR: bench.floor}
         samples: dict[str, list[float]] = {name: [] for name in engines}
         for _ in range(REPEAT):
             for name, run in engines.items():
