@@ -176,9 +176,10 @@ class TaskRunner:
             yield from rounds.run(lambda batch, out: self._start(handle, batch, out, pids, micro, timer_values))
             if plan.event_time_column:
                 batches = (clock.drop_late(b, plan.event_time_column) for b in batches)
-            for table, starts in chunks(batches, PARTITION_COLUMN, self.keys, plan.max_batch_bytes):
+            vectorized = self.mode == "handle_batch"
+            for table, starts in chunks(batches, PARTITION_COLUMN, self.keys, plan.max_batch_bytes, groups=not vectorized):
                 rounds.rows_in += table.num_rows
-                if self.mode == "handle_batch":
+                if vectorized:
                     work = lambda batch, out, t=table: out.add(self.processor.handle_batch(self._pandas(t)))
                 else:
                     work = lambda batch, out, t=table, s=starts: self._per_key(handle, batch, t, s, out, timer_values)
