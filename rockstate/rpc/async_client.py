@@ -47,8 +47,8 @@ class AsyncChannel:
         rid = next(self._ids)
         frame = encode(request(rid, msg, timeout), self._max_frame)
         reply = self._replies[rid] = asyncio.get_running_loop().create_future()
-        # a timer on the reply rather than asyncio.timeout(): replication makes a call per write, and the
-        # context manager's bookkeeping was a tenth of a primary's time on single puts
+        # a timer on the reply rather than asyncio.timeout(): replication makes a call per write, and the timers
+        # made per single put (this one, the sender's, the write's wait) were a tenth of a primary's time
         expiry = reply.get_loop().call_later(timeout + REPLY_GRACE, _expire, reply)
         try:
             writer.write(frame)
