@@ -109,5 +109,6 @@ def test_the_status_names_the_nodes_to_restart_for_a_setting_taken_at_registrati
         cluster.restart_node(node)
         cluster.wait_balanced()
         assert cluster.status()["restart"] == {n: ["max_value_bytes"] for n in nodes[i + 1:]}
+    cluster.wait_replicated()  # balanced is not yet in sync: a restarted node's backup copies may still be coming
     status = run("status", "--coordinator", cluster.address)
     assert status.returncode == 0 and "HEALTHY" in status.stdout.splitlines()[0], status.stdout
