@@ -104,6 +104,10 @@ def _layouts(n: int) -> dict[str, list[tuple[str, tuple[str, ...]]]]:
             "prefixed": [("prefix", FAMILIES)]}
 
 
+def _open_all(base: str, dbs: list[tuple[str, tuple[str, ...]]], res: Resources) -> list[Rdict]:
+    return [Rdict(os.path.join(base, d), res.options(), column_families={f: res.options() for f in cfs}) for d, cfs in dbs]
+
+
 def _write_and_checkpoint(opened: list, dbs: list, per_family: int, base: str) -> float:
     """Writes ``per_family`` keys into every family, then times each DB's flush and hard-link checkpoint."""
     for db, (_, cfs) in zip(opened, dbs):
@@ -130,7 +134,7 @@ def copies(root: str, n: int, k: int) -> dict[str, dict[str, float]]:
         for r in range(COPY_ROUNDS):
             base = os.path.join(root, f"{name}{r}")
             start = time.perf_counter()
-            opened = [Rdict(os.path.join(base, d), res.options(), column_families={f: res.options() for f in cfs}) for d, cfs in dbs]
+            opened = _open_all(base, dbs, res)
             times["create"].append(time.perf_counter() - start)
             per_family = k * n if name == "prefixed" else k  # the request's n pieces of k keys, in every family
             times["checkpoint"].append(_write_and_checkpoint(opened, dbs, per_family, base))
@@ -139,7 +143,7 @@ def copies(root: str, n: int, k: int) -> dict[str, dict[str, float]]:
             del opened
             gc.collect()  # a column family's handle keeps its DB (and the DB's lock) until it is collected
             start = time.perf_counter()
-            opened = [Rdict(os.path.join(base, d), res.options(), column_families={f: res.options() for f in cfs}) for d, cfs in dbs]
+            opened = _open_all(base, dbs, res)
             times["reopen"].append(time.perf_counter() - start)
             for db in opened:
                 db.close()
