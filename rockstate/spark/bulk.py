@@ -228,7 +228,7 @@ class _LoadTask:
     def _entries(self, rows: pa.Table) -> tuple[Iterator[bytes], Iterator[bytes]]:
         """One partition's stored keys and values, in ascending key order, duplicates resolved."""
         columns = [rows.column(k).combine_chunks() for k in self.keys]
-        values = encode_values(_pylist(rows.column(self.value).combine_chunks()), self.max_value_bytes)
+        values = encode_values(pylist(rows.column(self.value).combine_chunks()), self.max_value_bytes)
         if self.ttl_ms is not None:
             header = _EXPIRY.pack(now_ms() + self.ttl_ms)
             values = [header + v for v in values]
@@ -249,11 +249,11 @@ class _LoadTask:
         return map(stored.__getitem__, order), map(values.__getitem__, order)
 
     def _stored_keys(self, rows: pa.Table, columns: list[pa.Array]) -> list[bytes]:
-        lists = [_pylist(c) for c in columns]
+        lists = [pylist(c) for c in columns]
         keys = lists[0] if len(lists) == 1 else list(zip(*lists))
         stored = encode_keys(keys, self.max_key_bytes)
         if self.user_key is not None:
-            user_keys = encode_keys(_pylist(rows.column(self.user_key).combine_chunks()), self.max_key_bytes)
+            user_keys = encode_keys(pylist(rows.column(self.user_key).combine_chunks()), self.max_key_bytes)
             stored = [k + u for k, u in zip(stored, user_keys)]
         return stored
 
@@ -319,7 +319,7 @@ def _int_order(values: np.ndarray) -> np.ndarray:
     return order[np.argsort(rank[order], kind="stable")]  # numeric order within each encoding
 
 
-def _pylist(column: pa.Array) -> list:
+def pylist(column: pa.Array) -> list:
     """A column as Python values (maps as dicts), much faster than ``to_pylist`` for flat columns."""
     t = column.type
     if pa.types.is_null(t):

@@ -145,6 +145,12 @@ class RockstateDataSource(DataSource):
         _, _, spec = _Source(self.options).resolve()
         return default_schema(spec["kind"])
 
+    def streamWriter(self, schema: T.StructType, overwrite: bool):
+        """``df.writeStream.format("rockstate")``: see ``sink``."""
+        from .sink import stream_writer
+
+        return stream_writer(self.options, schema)
+
     def reader(self, schema: T.StructType) -> "RockstateReader":
         return RockstateReader(_Source(self.options), schema)
 

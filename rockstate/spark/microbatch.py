@@ -106,7 +106,7 @@ class BatchTask:
 
     def __init__(self, backend, micro: MicroBatch, operator: str, sealing: Sealing | None) -> None:
         self.backend, self.micro, self.operator, self.sealing = backend, micro, operator, sealing
-        self.mark = _last_event(backend)  # before advancing: a restore after it may have rewound what the task reads
+        self.mark = last_event(backend)  # before advancing: a restore after it may have rewound what the task reads
         ahead = {pid: a for pid, a in backend.advance_batches(micro.query, micro.batch).items() if a is not None and a >= micro.batch}
         if ahead:
             raise StateAheadError(
@@ -173,7 +173,7 @@ class BatchTask:
             return False
 
 
-def _last_event(backend) -> int:
+def last_event(backend) -> int:
     events = backend.events()
     return events[-1]["seq"] if events else 0
 
