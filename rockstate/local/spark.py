@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from contextlib import closing
+from contextlib import ExitStack, closing
 
 import pyspark
 
@@ -37,9 +37,17 @@ def connect_server_bundled() -> bool:
 
 
 def _free_port() -> int:
-    with closing(socket.socket()) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return _free_ports(1)[0]
+
+
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports: their sockets stay bound until all are chosen (one after another, a port closed
+    can come back: a worker's UI once got the master's, whose JSON page then answered in the worker's HTML)."""
+    with ExitStack() as stack:
+        sockets = [stack.enter_context(closing(socket.socket())) for _ in range(n)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
 
 
 def _env() -> dict:
@@ -89,7 +97,7 @@ class StandaloneSpark:
 
     def __init__(self, root: str, workers: int = 2, memory: str = "1g") -> None:
         self.root, self.workers, self.memory = root, workers, memory
-        self.port, self.ui = _free_port(), _free_port()
+        self.port, self.ui, *self.worker_uis = _free_ports(2 + workers)
         self.master = f"spark://127.0.0.1:{self.port}"
         self.processes: list[subprocess.Popen] = []
         self.logs: list[str] = []
@@ -113,7 +121,7 @@ class StandaloneSpark:
             for i in range(self.workers):
                 work = os.path.join(self.root, f"worker-{i}")
                 self._start(f"worker-{i}", "org.apache.spark.deploy.worker.Worker", self.master, "--host", "127.0.0.1",
-                            "--cores", "1", "--memory", self.memory, "--webui-port", str(_free_port()), "--work-dir", work)
+                            "--cores", "1", "--memory", self.memory, "--webui-port", str(self.worker_uis[i]), "--work-dir", work)
             _wait(lambda: self.alive_workers() == self.workers, 120, "standalone Spark", self.processes, self.logs)
         except BaseException:
             _stop(self.processes)

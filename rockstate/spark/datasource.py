@@ -151,6 +151,10 @@ class RockstateDataSource(DataSource):
 
         return stream_writer(self.options, schema)
 
+    def writer(self, schema: T.StructType, overwrite: bool):
+        raise InvalidInputError('format("rockstate") writes streams (df.writeStream); write a batch DataFrame into a state '
+                                "with rockstate.spark.bulk_load, or put_many")
+
     def reader(self, schema: T.StructType) -> "RockstateReader":
         return RockstateReader(_Source(self.options), schema)
 

@@ -196,6 +196,12 @@ def test_a_ttl_state_or_a_missing_column_is_refused_when_the_query_starts(spark,
         assert error is not None and why in str(error), (state, error)
 
 
+def test_a_batch_write_is_refused_naming_the_stream_and_bulk_load(spark, cluster, tmp_path):
+    df = spark.createDataFrame([("a", 1)], "key string, value long")
+    with pytest.raises(Exception, match="writes streams"):
+        df.write.format("rockstate").option("address", cluster.address).option("state", "batch").mode("append").save()
+
+
 SCHEMA_T = T.StructType([T.StructField("k", T.StringType()), T.StructField("v", T.LongType())])
 
 
