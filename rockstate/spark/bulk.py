@@ -61,6 +61,7 @@ from ..serde import _pack, encode_keys, encode_values
 from ..states import MapState, ValueState
 from ..cluster.client.bulk import write_sst
 from ..store.partition import now_ms
+from .arrow_values import encode_column
 from .client import StateClientSpec, as_spec, backend_for
 from .partitioning import PARTITION_COLUMN, key_columns, key_names, route_by_owner, with_partition
 
@@ -228,7 +229,10 @@ class _LoadTask:
     def _entries(self, rows: pa.Table) -> tuple[Iterator[bytes], Iterator[bytes]]:
         """One partition's stored keys and values, in ascending key order, duplicates resolved."""
         columns = [rows.column(k).combine_chunks() for k in self.keys]
-        values = encode_values(pylist(rows.column(self.value).combine_chunks()), self.max_value_bytes)
+        column = rows.column(self.value).combine_chunks()
+        values = encode_column(column) if not column.null_count else None  # column-wise: the same bytes, ~20x faster
+        if values is None or max(map(len, values), default=0) > self.max_value_bytes:
+            values = encode_values(pylist(column), self.max_value_bytes)  # names a bad value
         if self.ttl_ms is not None:
             header = _EXPIRY.pack(now_ms() + self.ttl_ms)
             values = [header + v for v in values]

@@ -66,6 +66,7 @@ from ..errors import BatchAppliedError, ConfigError, InvalidInputError, StageInc
 from ..serde import encode_values
 from ..states import ValueState, group_by_partition, prepare_keys
 from ..store.partition import DELETE_MANY, PUT_MANY
+from .arrow_values import encode_column
 from .bulk import pylist
 from .client import StateClientSpec, as_spec, backend_for
 from .microbatch import MicroBatch, StagingWriter, last_event, per_batch_checkpoint, take_checkpoint
@@ -140,7 +141,7 @@ class _Writer:
 
     # -- in a Spark task ---------------------------------------------------------------
 
-    def _write(self, chunks: Iterator[tuple[Any, list]]) -> SinkCommit:
+    def _write(self, chunks: Iterator[tuple[Any, Any]]) -> SinkCommit:
         """Stage every (keys, values) chunk as this task's attempt of the micro-batch."""
         micro = MicroBatch.of_task()
         if micro is None:
@@ -154,7 +155,7 @@ class _Writer:
         mark, rows = last_event(backend), 0
         try:
             for keys, values in chunks:
-                rows += len(values)
+                rows += len(keys)
                 self._stage(writer, backend, keys, values)
                 writer.flush()
             writer.done()
@@ -164,21 +165,24 @@ class _Writer:
             return SinkCommit(query, micro.batch, mark, 0, applied=True)
         return SinkCommit(query, micro.batch, mark, rows, applied=False)
 
-    def _stage(self, writer: StagingWriter, backend, keys: Any, values: list) -> None:
+    def _stage(self, writer: StagingWriter, backend, keys: Any, values: Any) -> None:
+        """One chunk: ``values`` a list of Python values or an Arrow column, None (null) deleting the key."""
+        limit = backend.max_value_bytes
+        stored = encode_column(values) if isinstance(values, pa.Array) else None
+        if stored is None or max((len(v) for v in stored if v is not None), default=0) > limit:
+            stored = _encoded(pylist(values) if isinstance(values, pa.Array) else values, limit)  # names a bad value
         encoded, pids = prepare_keys(keys, backend.partitions, backend.max_key_bytes)
-        latest = dict(zip(zip(encoded, pids.tolist()), values))  # a key's later row wins
-        puts = [(k, pid, v) for (k, pid), v in latest.items() if v is not None]
-        deletes = [(k, pid) for (k, pid), v in latest.items() if v is None]
-        state, limit = self.options.state, backend.max_value_bytes
-        for op, rows in ((PUT_MANY, puts), (DELETE_MANY, deletes)):
+        latest = dict(zip(zip(encoded, pids.tolist()), stored))  # a key's later row wins
+        state = self.options.state
+        for op, rows in ((PUT_MANY, [(k, p, v) for (k, p), v in latest.items() if v is not None]),
+                         (DELETE_MANY, [(k, p, None) for (k, p), v in latest.items() if v is None])):
             if not rows:
                 continue
-            pids = np.fromiter((r[1] for r in rows), np.int64, len(rows))
-            order, groups = group_by_partition(pids)
+            order, groups = group_by_partition(np.fromiter((r[1] for r in rows), np.int64, len(rows)))
             idx = order.tolist()
-            stored = encode_values([rows[i][2] for i in idx], limit) if op == PUT_MANY else None
             for pid, a, b in groups:
-                writer.add(pid, (op, state, [rows[i][0] for i in idx[a:b]], None if stored is None else stored[a:b]))
+                chosen = [rows[i] for i in idx[a:b]]
+                writer.add(pid, (op, state, [r[0] for r in chosen], None if op == DELETE_MANY else [r[2] for r in chosen]))
 
     # -- on the driver ------------------------------------------------------------------
 
@@ -213,7 +217,7 @@ class RowStateWriter(_Writer, sds.DataSourceStreamWriter):
     def write(self, iterator: Iterator) -> SinkCommit:
         return self._write(self._chunks(iterator))
 
-    def _chunks(self, rows: Iterator) -> Iterator[tuple[Any, list]]:
+    def _chunks(self, rows: Iterator) -> Iterator[tuple[Any, Any]]:
         chunk: list = []
         for row in rows:
             chunk.append(row)
@@ -227,6 +231,13 @@ class RowStateWriter(_Writer, sds.DataSourceStreamWriter):
         keys, value = self.options.keys, self.options.value
         columns = [[_plain(r[k], self.types[k]) for r in rows] for k in keys]
         return columns[0] if len(keys) == 1 else list(zip(*columns)), [_plain(r[value], self.types[value]) for r in rows]
+
+
+def _encoded(values: list, limit: int) -> list[bytes | None]:
+    """Stored values of the non-null ones, None for the nulls."""
+    present = [v for v in values if v is not None]
+    stored = iter(encode_values(present, limit))
+    return [None if v is None else next(stored) for v in values]
 
 
 def _plain(value: Any, dtype: T.DataType) -> Any:
@@ -251,10 +262,10 @@ if ArrowWriter is not None:
         def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
             return self._write(self._chunks(iterator))
 
-        def _chunks(self, batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[Any, list]]:
+        def _chunks(self, batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[Any, Any]]:
             for batch in batches:
                 if not batch.num_rows:
                     continue
                 columns = [batch.column(k) for k in self.options.keys]
                 keys = columns[0] if len(columns) == 1 else list(zip(*map(pylist, columns)))
-                yield keys, pylist(batch.column(self.options.value))
+                yield keys, batch.column(self.options.value)
