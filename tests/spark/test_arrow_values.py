@@ -53,6 +53,9 @@ def columns():
 def test_the_bytes_are_the_python_paths(name, column):
     got = encode_column(column)
     expected = [None if v is None else encode_values([v])[0] for v in column.to_pylist()]
+    if got is None:  # pyarrow < 16 writes a decimal zero of scale > 6 as "0.E-10": such a column takes the Python path
+        assert name.startswith("decimal") and int(pa.__version__.split(".")[0]) < 16
+        return
     assert got == expected
     assert [None if b is None else decode_value(b) for b in got] == [v for v in column.to_pylist()] or name.startswith(("float64",))
 
