@@ -58,6 +58,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from pyspark import TaskContext
 from pyspark.sql import datasource as sds
 from pyspark.sql import types as T
 
@@ -147,8 +148,6 @@ class _Writer:
         if micro is None:
             raise InvalidInputError("the rockstate sink runs in a streaming query (writeStream); for a batch DataFrame "
                                     "use rockstate.spark.bulk_load or a state's put_many")
-        from pyspark import TaskContext
-
         backend = backend_for(self.options.spec)
         query = f"{micro.query}:sink:{self.options.state}"
         writer = StagingWriter(backend, MicroBatch(query, micro.batch, micro.run), f"sink:{TaskContext.get().partitionId():06d}")
