@@ -41,8 +41,8 @@ def _free_port() -> int:
 
 
 def _free_ports(n: int) -> list[int]:
-    """``n`` distinct free ports: their sockets stay bound until all are chosen (one after another, a port closed
-    can come back: a worker's UI once got the master's, whose JSON page then answered in the worker's HTML)."""
+    """``n`` distinct free ports: their sockets stay bound until all are chosen (chosen one after another, a port
+    closed can be handed out again, and two Spark services would then race for it)."""
     with ExitStack() as stack:
         sockets = [stack.enter_context(closing(socket.socket())) for _ in range(n)]
         for s in sockets:

@@ -1,5 +1,7 @@
 """State as data: ``spark.read.format("rockstate")`` reads one state of a checkpoint as a DataFrame.
 
+(The same format written as a stream, ``df.writeStream.format("rockstate")``, is the sink of ``sink.py``.)
+
 ::
 
     from . import register_data_source
