@@ -65,7 +65,7 @@ def _encode(arr: pa.Array) -> pa.Array | None:
 
 def _ints(arr: pa.Array) -> pa.Array | None:
     """msgpack's smallest form of each int, as the Packer picks it."""
-    if pa.types.is_uint64(arr.type) and pc.max(arr).as_py() is not None and pc.max(arr).as_py() >= 1 << 63:
+    if pa.types.is_uint64(arr.type) and (pc.max(arr).as_py() or 0) >= 1 << 63:
         return None
     v = arr.cast(pa.int64()).fill_null(0).to_numpy()
     n = len(v)

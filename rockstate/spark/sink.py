@@ -84,7 +84,6 @@ class SinkCommit(sds.WriterCommitMessage):
     query: str
     batch: int
     mark: int  # the cluster's last event when the task started
-    rows: int
     applied: bool  # the batch was already applied: a re-run of a committed batch, which wrote nothing
 
 
@@ -151,18 +150,17 @@ class _Writer:
         backend = backend_for(self.options.spec)
         query = f"{micro.query}:sink:{self.options.state}"
         writer = StagingWriter(backend, MicroBatch(query, micro.batch, micro.run), f"sink:{TaskContext.get().partitionId():06d}")
-        mark, rows = last_event(backend), 0
+        mark = last_event(backend)
         try:
             for keys, values in chunks:
-                rows += len(keys)
                 self._stage(writer, backend, keys, values)
                 writer.flush()
             writer.done()
         except BatchAppliedError:
             for _ in chunks:  # the batch was committed before: consume the input, write nothing
                 pass
-            return SinkCommit(query, micro.batch, mark, 0, applied=True)
-        return SinkCommit(query, micro.batch, mark, rows, applied=False)
+            return SinkCommit(query, micro.batch, mark, applied=True)
+        return SinkCommit(query, micro.batch, mark, applied=False)
 
     def _stage(self, writer: StagingWriter, backend, keys: Any, values: Any) -> None:
         """One chunk: ``values`` a list of Python values or an Arrow column, None (null) deleting the key."""
