@@ -126,4 +126,4 @@ def _has_partition_data(path: str) -> bool:
         names = os.listdir(path)
     except FileNotFoundError:
         return False
-    return any(n.startswith("p") and os.path.exists(os.path.join(path, n, "CURRENT")) for n in names)
+    return any((n == "db" or n.startswith("p")) and os.path.exists(os.path.join(path, n, "CURRENT")) for n in names)

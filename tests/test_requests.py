@@ -9,7 +9,7 @@ import pytest
 from rockstate.config import StoreConfig
 from rockstate.errors import ProtocolError
 from rockstate.serde import decode_stream, encode_key, encode_value
-from rockstate.store import APPEND, PUT, Partition, StateSpec, Store, requests
+from rockstate.store import APPEND, PUT, StateSpec, Store, requests
 
 
 @pytest.fixture
@@ -68,14 +68,16 @@ def test_the_copy_a_move_or_checkpoint_takes_holds_the_ids_and_a_move_hands_over
     part.hard_link_copy(str(tmp_path / "copy"), record=True)
     store.write(0, append("after"), after)
     handed_over = part.take_recorded()
-    copy = Partition(0, str(tmp_path / "copy"), store.resources, store.specs)
+    other = Store(str(tmp_path / "other"), StoreConfig(partitions=store.partitions), owned=[])
     try:
+        other.replace_partitions({0: str(tmp_path / "copy")}, {n: s.to_dict() for n, s in store.specs.items()})
+        copy = other.partition(0)
         copy.write(handed_over)
         for request, item in ((before, "before"), (after, "after")):
             assert copy.write(append(item), request) is False
         assert items(copy) == ["before", "after"]
     finally:
-        copy.close()
+        other.close()
 
 
 @pytest.mark.parametrize("bad", [b"short", b"x" * 17, "a str of sixteen", 16])

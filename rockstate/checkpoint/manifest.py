@@ -42,7 +42,7 @@ from typing import BinaryIO, Sequence
 from ..errors import CheckpointAuthenticationError, CorruptCheckpointError
 from ..names import check_relative, inside
 
-FORMAT = 1
+FORMAT = 2  # 2: key groups (a process's files, the partition's range in them); 1: a RocksDB per partition
 CHECKSUM_ALGORITHM = "crc32"
 CHUNK = 4 << 20
 
@@ -94,6 +94,28 @@ class FileEntry:
         return cls(d["name"], d["path"], int(d["size"]), d["checksum"], bool(d["shared"]), bool(d.get("uploaded", False)))
 
 
+@dataclass(frozen=True)
+class KeyGroup:
+    """Where a partition is in a process's RocksDB checkpoint: the files hold every partition ``node`` held, keys
+    behind their partition's prefix; this one's are those of ``partition``. ``count``: how many partitions that
+    checkpoint of the process holds (each manifest counts a ``count``-th of the files' bytes)."""
+
+    node: str
+    partition: int
+    count: int
+
+    def to_dict(self) -> dict:
+        return dict(vars(self))
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "KeyGroup":
+        check_relative(d["node"], "node name in a manifest")
+        count = int(d["count"])
+        if count < 1:
+            raise ValueError("a key group's count is positive")
+        return cls(d["node"], int(d["partition"]), count)
+
+
 @dataclass
 class PartitionManifest:
     """The files of one partition in one checkpoint, and how the snapshot went."""
@@ -106,14 +128,16 @@ class PartitionManifest:
     sync_seconds: float = 0.0  # how long the partition's writes paused
     async_seconds: float = 0.0  # uploads
     format: int = FORMAT
+    key_group: KeyGroup | None = None  # None: the files are a RocksDB of this partition alone (format 1)
 
     @property
     def size(self) -> int:
-        return sum(f.size for f in self.files)
+        """The partition's share of its files' bytes."""
+        return sum(f.size for f in self.files) // (self.key_group.count if self.key_group else 1)
 
     @property
     def uploaded_bytes(self) -> int:
-        return sum(f.size for f in self.files if f.uploaded)
+        return sum(f.size for f in self.files if f.uploaded) // (self.key_group.count if self.key_group else 1)
 
     @property
     def shared_paths(self) -> set[str]:
@@ -135,6 +159,7 @@ class PartitionManifest:
             "async_seconds": self.async_seconds,
             "size": self.size,
             "uploaded_bytes": self.uploaded_bytes,
+            **({"key_group": self.key_group.to_dict()} if self.key_group else {}),
         }
 
     @classmethod
@@ -149,7 +174,8 @@ class PartitionManifest:
             created_at=float(d.get("created_at", 0.0)),
             sync_seconds=float(d.get("sync_seconds", 0.0)),
             async_seconds=float(d.get("async_seconds", 0.0)),
-            format=int(d.get("format", FORMAT)),
+            format=int(d.get("format", 1)),
+            key_group=_key_group(d),
         )
 
     def to_json(self) -> bytes:
@@ -158,6 +184,15 @@ class PartitionManifest:
     @classmethod
     def from_json(cls, data: bytes, where: str = "manifest") -> "PartitionManifest":
         return _parse(cls, data, where)
+
+
+def _key_group(d: dict) -> KeyGroup | None:
+    if d.get("key_group") is None:
+        return None
+    group = KeyGroup.from_dict(d["key_group"])
+    if group.partition != int(d["partition"]):
+        raise ValueError(f"the manifest of p{d['partition']} names the key group of p{group.partition}")
+    return group
 
 
 @dataclass(frozen=True)
@@ -246,7 +281,7 @@ class CheckpointMetadata:
             created_at=float(d.get("created_at", 0.0)),
             duration=float(d.get("duration", 0.0)),
             cluster=d.get("cluster", "default"),
-            format=int(d.get("format", FORMAT)),
+            format=int(d.get("format", 1)),
         )
         if sorted(m.partition for m in meta.manifests) != list(range(meta.partitions)):
             raise CorruptCheckpointError(f"checkpoint {meta.checkpoint_id}: _metadata does not name one manifest per partition")

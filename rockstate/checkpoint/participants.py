@@ -6,15 +6,13 @@ checkpoint. ``LocalPartitions`` does these on one process's ``Store``: the
 embedded store's driver calls it directly, and a cluster node serves it to
 the coordinator's driver over RPC (``cluster/checkpointing.py``).
 
-A snapshot runs each partition's sync phase (a hard-link RocksDB checkpoint
-under the partition's write lock: its writes pause only for their own) and
-then its uploads, ``SNAPSHOT_THREADS`` partitions at once, off the event loop
-(a hard-link checkpoint waits on file syncs, ~20-40 ms, not on the CPU: one
-after the other, P=1024 took seconds per node); the answer is one manifest
-per partition. A restore fetches every partition's
-files into ``<store>/restoring/`` first, then swaps them in at once
-(``Store.replace_partitions``), so a failure leaves the partitions as they were.
-The work is blocking I/O: it runs in threads.
+A snapshot is one RocksDB checkpoint of the process's store, whatever its
+number of partitions (``snapshot.py``), then its uploads, off the event loop;
+the answer is one manifest per partition, each naming the same files and its
+own key group in them. A restore fetches the files of each checkpoint of a
+process once, into ``<store>/restoring/``, then imports each partition's
+range (``Store.replace_partitions``), so a failure leaves the partitions as
+they were. The work is blocking I/O: it runs in threads.
 """
 
 from __future__ import annotations
@@ -23,19 +21,14 @@ import asyncio
 import os
 import shutil
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, Sequence
 
 from ..config import CheckpointConfig
 from ..store import Store
-from ..store.store import partition_dir
 from .manifest import PartitionManifest
 from .restore import PartitionRestore, PartitionTarget, load_manifests, load_metadata, restore_partitions
 from .snapshot import Snapshotter
 from .storage import CheckpointStorage
-
-
-SNAPSHOT_THREADS = 16  # partitions snapshotted at once
 
 
 class Participant(Protocol):
@@ -59,7 +52,7 @@ class LocalPartitions:
                  keys: tuple[bytes, ...] = ()) -> None:
         """``keys``: the checkpoint keys (``Security.checkpoint_keys``): restores refuse a ``_metadata`` without their HMAC."""
         self.store, self.storage = store, storage or CheckpointStorage.of(config, keys)
-        self.snapshotter = Snapshotter(self.storage, os.path.join(store.path, "checkpoints"), config.local_snapshots)
+        self.snapshotter = Snapshotter(self.storage, os.path.join(store.path, "checkpoints"), config.local_snapshots, owner(store))
         self.verify_local = config.verify_local
         self._cancel: dict[int, threading.Event] = {}  # set when the checkpoint is aborted: uploads stop
 
@@ -68,27 +61,21 @@ class LocalPartitions:
 
     async def snapshot(self, checkpoint_id: int, retained: Sequence[int], partitions: list[int]) -> list[PartitionManifest]:
         cancel = self._cancel.setdefault(checkpoint_id, threading.Event())
-
-        def one(pid: int) -> PartitionManifest:  # each partition's writes pause only for its own sync phase
-            snap = self.snapshotter.sync_phase(self.store.partition(pid), checkpoint_id)
-            return self.snapshotter.async_phase(snap, retained, cancel)
-
-        pool = ThreadPoolExecutor(max(1, min(SNAPSHOT_THREADS, len(partitions))), thread_name_prefix="rockstate-snapshot")
-        loop = asyncio.get_running_loop()
+        for pid in partitions:
+            self.store.partition(pid)  # not open here: refused before anything is taken
         try:
-            return list(await asyncio.gather(*(loop.run_in_executor(pool, one, pid) for pid in partitions)))
+            return await asyncio.to_thread(self.snapshotter.snapshot, self.store.db, checkpoint_id, partitions, retained, cancel)
         except BaseException:  # failed, timed out or cancelled: uploads still running stop before their next file
             cancel.set()
             raise
         finally:
-            pool.shutdown(wait=False, cancel_futures=True)  # never waited for on the loop
             self._cancel.pop(checkpoint_id, None)
 
     async def finish(self, checkpoint_id: int, completed: bool, partitions: list[int]) -> None:
         if not completed and checkpoint_id in self._cancel:
             self._cancel[checkpoint_id].set()
         done = self.snapshotter.confirm if completed else self.snapshotter.abort
-        await asyncio.to_thread(lambda: [done(pid, checkpoint_id) for pid in partitions])  # file I/O: not on the loop
+        await asyncio.to_thread(done, checkpoint_id)  # file I/O: not on the loop
 
     async def restore(self, checkpoint_id: int, partitions: list[int], base: str = "") -> list[PartitionRestore]:
         return await asyncio.to_thread(self._restore, checkpoint_id, partitions, base)
@@ -97,24 +84,38 @@ class LocalPartitions:
         meta = load_metadata(self.storage, checkpoint_id, base)
         manifests = load_manifests(self.storage, meta, partitions, base)
         staging = os.path.join(self.store.path, "restoring")
-        targets = [PartitionTarget(manifests[pid], os.path.join(staging, partition_dir(pid)), self._local_dirs(manifests[pid]))
-                   for pid in partitions]
+        groups: dict[tuple[str, ...], list[int]] = {}  # a process's checkpoint: its files fetched once for all its partitions
+        for pid in partitions:
+            groups.setdefault(tuple(sorted(manifests[pid].paths)), []).append(pid)
+        targets = [PartitionTarget(manifests[pids[0]], os.path.join(staging, f"copy-{i}"), self._local_dirs(manifests[pids[0]]))
+                   for i, pids in enumerate(groups.values())]
         try:
-            stats = restore_partitions(self.storage, targets, base, self.verify_local)
-            self.store.replace_partitions({t.manifest.partition: t.target for t in targets}, meta.states)
-        finally:  # what is left of a failed one (a swapped-in copy is no longer there)
+            fetched = restore_partitions(self.storage, targets, base, self.verify_local)
+            copies: dict[int, str | tuple[str, int | None]] = {}
+            for target, pids in zip(targets, groups.values()):
+                for pid in pids:
+                    group = manifests[pid].key_group
+                    copies[pid] = target.target if group is None else (target.target, group.partition)
+            self.store.replace_partitions(copies, meta.states)
+        finally:  # what is left of a failed one, and the fetched copies
             for t in targets:
                 shutil.rmtree(t.target, ignore_errors=True)
-        for pid in partitions:  # a savepoint's files are its own: checkpoints must not reference them
-            self.snapshotter.reset(pid, manifests[pid], reference=not base)
+        if base:
+            self.snapshotter.forget()
+        stats = []
+        for st, pids in zip(fetched, groups.values()):  # the files counted once, on the group's first partition
+            stats += [st] + [PartitionRestore(pid, st.checkpoint_id, seconds=st.seconds) for pid in pids[1:]]
         return stats
 
     def _local_dirs(self, manifest: PartitionManifest) -> tuple[str, ...]:
-        """The partition's local snapshots to take files from, the restored checkpoint's own first."""
-        local = self.snapshotter.local_snapshots(manifest.partition)
+        """This store's local snapshots to take files from, the restored checkpoint's own first (none for another
+        store's files: their names may be alike)."""
+        if manifest.key_group is None or manifest.key_group.node != self.snapshotter.owner:
+            return ()
+        local = self.snapshotter.local_snapshots()
         return tuple(local[c] for c in sorted(local, key=lambda c: (c != manifest.checkpoint_id, -c)))
 
-    def drop(self, pid: int) -> None:
-        """The partition left this process: its local snapshots, upload record and any half-restored copy go."""
-        self.snapshotter.drop_partition(pid)
-        shutil.rmtree(os.path.join(self.store.path, "restoring", partition_dir(pid)), ignore_errors=True)
+
+def owner(store: Store) -> str:
+    """The name of the store's files in checkpoint storage."""
+    return f"s{store.id}"

@@ -1,31 +1,33 @@
-"""Snapshot of one partition, in two phases (Flink's RocksIncrementalSnapshotStrategy).
+"""Snapshot of a process's partitions, in two phases (Flink's RocksIncrementalSnapshotStrategy).
 
-Sync phase (``sync_phase``): the partition's memtables are flushed first,
-*outside* the partition's lock, so little is left to flush; then, holding
-``partition.lock`` (which every write holds), RocksDB takes a checkpoint: hard
-links to the live SST files plus copies of the small private files, in
-``<local_dir>/p0042/chk-000123``. The barrier is thereby ordered between two
-writes: every write acknowledged before it is in the snapshot, none after it.
-The partition's writes pause only for this, and the pause is measured.
+Every partition a process holds is a key group of its one RocksDB (``store/keygroups.py``), so a
+checkpoint takes one RocksDB checkpoint per process, whatever its number of partitions.
+
+Sync phase (``sync_phase``): the memtables are flushed first, so little is
+left to flush; then RocksDB takes a checkpoint: hard links to the live SST
+files plus copies of the small private files, in ``<local_dir>/chk-000123``.
+A RocksDB checkpoint is one cut of the database's writes, and every write is
+one WriteBatch, so every write acknowledged before it is in the snapshot
+whole, none after it, in every partition alike.
 
 Async phase (``async_phase``): upload the SST files the storage does not hold
-yet, under unique names (``shared/p0042/000012-<uuid>.sst``), then the
-private files (CURRENT, MANIFEST-*, OPTIONS-*, WAL), then the partition's
-manifest ``chk-N/p0042.json``; return the manifest (the ack). RocksDB never
+yet, under unique names (``shared/<owner>/000012-<uuid>.sst``, ``owner`` the
+store's id), then the private files (CURRENT, MANIFEST-*, OPTIONS-*), then a
+manifest per partition, ``chk-N/p0042.json``: the process's files, and the
+partition's key group in them (``PartitionManifest.key_group``). RocksDB never
 changes an SST file and numbers them uniquely within a database, so name and
-size identify one within a partition; an SST already in the storage is
-referenced, never uploaded again.
+size identify one; an SST already in the storage is referenced, never
+uploaded again.
 
 Which SSTs count as "in the storage" is the ``UploadTracker``'s job. It
 references only the files of a checkpoint known to be *completed* (confirmed)
-— never those of a pending one, whose files an abort may delete. Once a
-restore takes a partition back in time, RocksDB may reuse file numbers, so a
-restore resets the tracker to the restored manifest's files. A snapshot may
+— never those of a pending one, whose files an abort may delete. A snapshot may
 pass ``retained`` (the completed checkpoint ids the coordinator keeps): a
 pending snapshot among them is confirmed (its notification may have been
 lost), and a confirmed one no longer among them is forgotten (its files may be
 deleted), so the tracker never references a file that garbage collection may
-remove.
+remove. A restore from a checkpoint does not touch it (it ingests new files, never reuses a name); one from
+a savepoint makes it forget everything (``forget``): checkpoints after it depend on nothing before.
 
 The last ``keep_local`` local snapshots stay on disk for fast local restore.
 """
@@ -39,12 +41,12 @@ import shutil
 import threading
 import time
 from dataclasses import dataclass
-from typing import Collection
+from typing import Collection, Sequence
 
 from ..errors import CheckpointAbortedError
-from ..store.partition import Partition
+from ..store.keygroups import NodeDB
 from ..files import write_json
-from .manifest import FileEntry, PartitionManifest
+from .manifest import FileEntry, KeyGroup, PartitionManifest
 from .storage import CheckpointStorage, checkpoint_dir, checkpoint_id_of, manifest_path, private_path, shared_path
 
 log = logging.getLogger(__name__)
@@ -60,7 +62,6 @@ def is_shared(name: str) -> bool:
 class LocalSnapshot:
     """The result of the sync phase: a RocksDB checkpoint directory on local disk."""
 
-    partition: int
     checkpoint_id: int
     path: str
     states: list[str]
@@ -116,10 +117,9 @@ class UploadTracker:
     def abort(self, checkpoint_id: int) -> None:
         self.pending.pop(checkpoint_id, None)
 
-    def reset(self, checkpoint_id: int | None, entries: dict[str, FileEntry]) -> None:
-        """After a restore: the local files are exactly ``entries`` (empty: reference nothing)."""
+    def forget(self) -> None:
         self.pending.clear()
-        self._set(checkpoint_id, entries)
+        self._set(None, {})
 
     def check_retained(self, retained: Collection[int]) -> None:
         """Confirm the newest pending snapshot the coordinator kept; forget a confirmed one it dropped."""
@@ -144,69 +144,57 @@ class UploadTracker:
 
 
 class Snapshotter:
-    """Snapshots of a process's partitions into ``storage``; local snapshots under ``local_dir``.
+    """Snapshots of a process's store into ``storage`` under the name ``owner``; local snapshots under ``local_dir``.
 
-    Thread-safe: different partitions may be snapshotted at once. Every
-    method may be retried with the same arguments.
+    Every method may be retried with the same arguments.
     """
 
-    def __init__(self, storage: CheckpointStorage, local_dir: str, keep_local: int = 2) -> None:
+    def __init__(self, storage: CheckpointStorage, local_dir: str, keep_local: int = 2, owner: str = "") -> None:
         self.storage = storage
         self.local_dir = os.path.abspath(local_dir)
         self.keep_local = keep_local
-        self._trackers: dict[int, UploadTracker] = {}
-        self._mutex = threading.Lock()
+        self.owner = owner
+        self.tracker = UploadTracker(os.path.join(self.local_dir, "uploaded.json"))
+        self._mutex = threading.Lock()  # one snapshot at a time: they share the tracker
 
-    # -- paths -----------------------------------------------------------------
+    def local_path(self, checkpoint_id: int) -> str:
+        return os.path.join(self.local_dir, checkpoint_dir(checkpoint_id))
 
-    def partition_dir(self, pid: int) -> str:
-        return os.path.join(self.local_dir, f"p{pid:04d}")
-
-    def local_path(self, pid: int, checkpoint_id: int) -> str:
-        return os.path.join(self.partition_dir(pid), checkpoint_dir(checkpoint_id))
-
-    def local_snapshots(self, pid: int) -> dict[int, str]:
-        """checkpoint id -> directory, of the local snapshots of ``pid`` that are complete."""
+    def local_snapshots(self) -> dict[int, str]:
+        """checkpoint id -> directory, of the local snapshots that are complete."""
         out = {}
         try:
-            names = os.listdir(self.partition_dir(pid))
+            names = os.listdir(self.local_dir)
         except FileNotFoundError:
             return out
         for name in names:
             chk = checkpoint_id_of(name)
-            path = os.path.join(self.partition_dir(pid), name)
+            path = os.path.join(self.local_dir, name)
             if chk is not None and os.path.exists(os.path.join(path, "CURRENT")):
                 out[chk] = path
         return out
 
-    def tracker(self, pid: int) -> UploadTracker:
-        with self._mutex:
-            if pid not in self._trackers:
-                self._trackers[pid] = UploadTracker(os.path.join(self.partition_dir(pid), "uploaded.json"))
-            return self._trackers[pid]
-
     # -- the two phases ----------------------------------------------------------
 
-    def sync_phase(self, partition: Partition, checkpoint_id: int) -> LocalSnapshot:
-        """Take the RocksDB checkpoint under the partition's lock; returns how long writes paused."""
-        pid = partition.pid
-        target = self.local_path(pid, checkpoint_id)
+    def sync_phase(self, db: NodeDB, checkpoint_id: int) -> LocalSnapshot:
+        """Take the RocksDB checkpoint; ``pause_seconds``: how long it took (RocksDB's own pause of writes is within)."""
+        target = self.local_path(checkpoint_id)
         if os.path.exists(target):  # left by an attempt that did not finish
             shutil.rmtree(target)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        pause = partition.hard_link_copy(target)
-        return LocalSnapshot(pid, checkpoint_id, target, sorted(partition.states()), pause, time.time())
+        os.makedirs(self.local_dir, exist_ok=True)
+        db.flush()
+        start = time.perf_counter()
+        db.checkpoint(target)
+        return LocalSnapshot(checkpoint_id, target, sorted(db.families), time.perf_counter() - start, time.time())
 
-    def async_phase(
-        self, snap: LocalSnapshot, retained: Collection[int] | None = None, cancel: threading.Event | None = None
-    ) -> PartitionManifest:
-        """Upload what the storage lacks, then the private files, then the manifest; returns the manifest.
+    def async_phase(self, snap: LocalSnapshot, partitions: Sequence[int], retained: Collection[int] | None = None,
+                    cancel: threading.Event | None = None) -> list[PartitionManifest]:
+        """Upload what the storage lacks, then the private files, then a manifest per partition; returns them.
 
         ``cancel`` set (the checkpoint was aborted) stops it before its next file.
         """
         start = time.perf_counter()
-        pid, chk = snap.partition, snap.checkpoint_id
-        tracker = self.tracker(pid)
+        chk, tracker = snap.checkpoint_id, self.tracker
         if retained is not None:
             tracker.check_retained(retained)
             tracker.save()
@@ -226,66 +214,54 @@ class Snapshotter:
             size, checksum = self.storage.upload(os.path.join(snap.path, name), rel)
             return FileEntry(name, rel, size, checksum, is_sst, uploaded=True)
 
-        new = [(n, shared_path(pid, n), True) for n in shared if known[n] is None]
+        new = [(n, shared_path(self.owner, n), True) for n in shared if known[n] is None]
         for entry in self.storage.parallel(upload, new):
             entries[entry.name] = entry
-        for entry in self.storage.parallel(upload, [(n, private_path(chk, pid, n), False) for n in private]):
+        for entry in self.storage.parallel(upload, [(n, private_path(chk, self.owner, n), False) for n in private]):
             entries[entry.name] = entry
-        manifest = PartitionManifest(
-            partition=pid,
-            checkpoint_id=chk,
-            files=[entries[n] for n in names],
-            states=snap.states,
-            created_at=snap.taken_at,
-            sync_seconds=snap.pause_seconds,
-        )
-        manifest.async_seconds = time.perf_counter() - start
+        files = [entries[n] for n in names]
+        manifests = [PartitionManifest(partition=pid, checkpoint_id=chk, files=files, states=snap.states, created_at=snap.taken_at,
+                                       sync_seconds=snap.pause_seconds, key_group=KeyGroup(self.owner, pid, len(partitions)))
+                     for pid in partitions]
         _check(cancel, chk)
-        self.storage.write_bytes(manifest_path(chk, pid), manifest.to_json())
-        tracker.add_pending(chk, {e.name: e for e in manifest.files if e.shared})
-        self._prune_local(pid)
-        return manifest
+        for manifest in manifests:
+            manifest.async_seconds = time.perf_counter() - start
+        self.storage.parallel(lambda m: self.storage.write_bytes(manifest_path(chk, m.partition), m.to_json()), manifests)
+        tracker.add_pending(chk, {e.name: e for e in files if e.shared})
+        self._prune_local()
+        return manifests
 
-    def snapshot(self, partition: Partition, checkpoint_id: int, retained: Collection[int] | None = None) -> PartitionManifest:
+    def snapshot(self, db: NodeDB, checkpoint_id: int, partitions: Sequence[int], retained: Collection[int] | None = None,
+                 cancel: threading.Event | None = None) -> list[PartitionManifest]:
         """Both phases, one after the other."""
-        return self.async_phase(self.sync_phase(partition, checkpoint_id), retained)
+        with self._mutex:
+            return self.async_phase(self.sync_phase(db, checkpoint_id), partitions, retained, cancel)
 
     # -- what the coordinator says afterwards ---------------------------------------
 
-    def confirm(self, pid: int, checkpoint_id: int) -> None:
+    def confirm(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` is complete (its ``_metadata`` is written)."""
-        tracker = self.tracker(pid)
-        tracker.confirm(checkpoint_id)
-        tracker.save()
-
-    def abort(self, pid: int, checkpoint_id: int) -> None:
-        """Checkpoint ``checkpoint_id`` was aborted: forget its uploads and its local snapshot."""
-        self.tracker(pid).abort(checkpoint_id)
-        shutil.rmtree(self.local_path(pid, checkpoint_id), ignore_errors=True)
-
-    def reset(self, pid: int, manifest: PartitionManifest | None, reference: bool = True) -> None:
-        """After ``pid`` was restored from ``manifest``: its SSTs are exactly the manifest's.
-
-        ``reference=False`` (a restore from a savepoint, whose files a checkpoint
-        must not depend on) makes the next checkpoint upload every file.
-        """
-        tracker = self.tracker(pid)
-        if manifest is None or not reference:
-            tracker.reset(None, {})
-        else:
-            tracker.reset(manifest.checkpoint_id, {e.name: e for e in manifest.files if e.shared})
-        tracker.save(sync=True)
-
-    def drop_partition(self, pid: int) -> None:
-        """The partition left this process: its local snapshots and upload record go."""
         with self._mutex:
-            self._trackers.pop(pid, None)
-        shutil.rmtree(self.partition_dir(pid), ignore_errors=True)
+            if self.tracker.confirm(checkpoint_id):
+                self.tracker.save()
 
-    def _prune_local(self, pid: int) -> None:
-        snaps = sorted(self.local_snapshots(pid))
+    def abort(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` was aborted: forget its uploads and its local snapshot."""
+        with self._mutex:
+            self.tracker.abort(checkpoint_id)
+            shutil.rmtree(self.local_path(checkpoint_id), ignore_errors=True)
+
+    def forget(self) -> None:
+        """Reference nothing uploaded so far: the next snapshot uploads every file (after a restore from a
+        savepoint, so no checkpoint depends on files whose checkpoints are gone)."""
+        with self._mutex:
+            self.tracker.forget()
+            self.tracker.save(sync=True)
+
+    def _prune_local(self) -> None:
+        snaps = sorted(self.local_snapshots())
         for chk in snaps[: max(0, len(snaps) - self.keep_local)]:
-            shutil.rmtree(self.local_path(pid, chk), ignore_errors=True)
+            shutil.rmtree(self.local_path(chk), ignore_errors=True)
 
 
 def _check(cancel: threading.Event | None, checkpoint_id: int) -> None:

@@ -2,9 +2,11 @@
 
 ::
 
-    <root>/<cluster>/shared/p0042/<sst-stem>-<uuid>.sst   immutable, shared by checkpoints
+    <root>/<cluster>/shared/<owner>/<sst-stem>-<uuid>.sst  immutable, shared by checkpoints
     <root>/<cluster>/chk-000123/p0042.json                 partition manifest
-    <root>/<cluster>/chk-000123/p0042/<file>               the partition's private files (MANIFEST, CURRENT, OPTIONS, WAL)
+    <root>/<cluster>/chk-000123/<owner>/<file>             the owner's private files (MANIFEST, CURRENT, OPTIONS)
+
+``<owner>``: the store whose RocksDB the files are (``s`` and its id; a format-1 checkpoint's: ``p0042``).
     <root>/<cluster>/chk-000123/_metadata                  written last: checkpoint 123 exists
     <root>/<cluster>/savepoints/<name>/...                 the same layout, copied server-side
     <root>/<cluster>/savepoints/<name>/_savepoint          written last: the savepoint exists
@@ -65,14 +67,14 @@ def manifest_path(checkpoint_id: int, pid: int) -> str:
     return f"{checkpoint_dir(checkpoint_id)}/p{pid:04d}.json"
 
 
-def private_path(checkpoint_id: int, pid: int, name: str) -> str:
-    return f"{checkpoint_dir(checkpoint_id)}/p{pid:04d}/{name}"
+def private_path(checkpoint_id: int, owner: str, name: str) -> str:
+    return f"{checkpoint_dir(checkpoint_id)}/{owner}/{name}"
 
 
-def shared_path(pid: int, name: str) -> str:
+def shared_path(owner: str, name: str) -> str:
     """A fresh unique name for an SST file: uploads never overwrite anything."""
     stem, _, ext = name.rpartition(".")
-    return f"shared/p{pid:04d}/{stem}-{uuid.uuid4().hex}.{ext}"
+    return f"shared/{owner}/{stem}-{uuid.uuid4().hex}.{ext}"
 
 
 def savepoint_dir(name: str) -> str:

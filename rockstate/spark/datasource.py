@@ -61,13 +61,14 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-from rocksdict import AccessType, Options, Rdict
+from rocksdict import AccessType, Options, Rdict, ReadOptions
 
-from ..checkpoint.restore import candidates, load_manifest, load_metadata, restore_partition
+from ..checkpoint.restore import candidates, load_manifest, load_manifests, load_metadata, restore_partition
 from ..checkpoint.savepoint import read_savepoint
 from ..checkpoint.storage import CheckpointStorage
 from ..errors import ConfigError, InvalidInputError, UnknownStateError
 from ..serde import decode_key, decode_stream, decode_value, split_pair
+from ..store.keygroups import bounds
 from ..store.partition import now_ms
 from .compat import to_arrow_schema
 
@@ -162,11 +163,12 @@ class RockstateDataSource(DataSource):
 
 
 class StatePartition(InputPartition):
-    """One state partition of one checkpoint: what a Spark task reads."""
+    """The state partitions of one checkpoint whose files are one process's: what a Spark task reads (so a
+    process's files are fetched once, whatever its number of partitions)."""
 
-    def __init__(self, pid: int, checkpoint: int, base: str, kind: str, ttl: float | None) -> None:
-        super().__init__(pid)
-        self.pid, self.checkpoint, self.base, self.kind, self.ttl = pid, checkpoint, base, kind, ttl
+    def __init__(self, pids: list[int], checkpoint: int, base: str, kind: str, ttl: float | None) -> None:
+        super().__init__(pids[0])
+        self.pids, self.checkpoint, self.base, self.kind, self.ttl = pids, checkpoint, base, kind, ttl
 
 
 class RockstateReader(DataSourceReader):
@@ -183,36 +185,45 @@ class RockstateReader(DataSourceReader):
         checkpoint, base, spec = self.source.resolve()
         if "user_key" in self.schema.fieldNames() and spec["kind"] != "map":
             raise InvalidInputError(f"state {self.source.state!r} is a {spec['kind']} state: it has no user_key column")
-        storage = self.source.storage(workers=2)
+        storage = self.source.storage(workers=8)
         try:
-            partitions = load_metadata(storage, checkpoint, base).partitions
+            manifests = load_manifests(storage, load_metadata(storage, checkpoint, base), None, base)
         finally:
             storage.close()
-        return [StatePartition(pid, checkpoint, base, spec["kind"], spec.get("ttl")) for pid in range(partitions)]
+        groups: dict[tuple[str, ...], list[int]] = {}
+        for pid, manifest in sorted(manifests.items()):
+            groups.setdefault(tuple(sorted(manifest.paths)), []).append(pid)
+        return [StatePartition(pids, checkpoint, base, spec["kind"], spec.get("ttl")) for pids in groups.values()]
 
     def read(self, partition: StatePartition) -> Iterator[pa.RecordBatch]:
         folder = tempfile.mkdtemp(prefix="rockstate-read-")
         storage = self.source.storage(workers=4)
         try:
             meta = load_metadata(storage, partition.checkpoint, partition.base)
-            manifest = load_manifest(storage, meta, partition.pid, partition.base)
+            manifest = load_manifest(storage, meta, partition.pids[0], partition.base)
             path = os.path.join(folder, "db")
             restore_partition(storage, manifest, path, base=partition.base, verify_local=False)
-            yield from self._batches(path, partition)
+            for pid in partition.pids:  # the group's manifests name the same files (partitions() grouped them so)
+                yield from self._batches(path, partition, pid, manifest.key_group is not None)
         finally:
             storage.close()
             shutil.rmtree(folder, ignore_errors=True)
 
-    def _batches(self, path: str, partition: StatePartition) -> Iterator[pa.RecordBatch]:
+    def _batches(self, path: str, partition: StatePartition, pid: int, key_group: bool) -> Iterator[pa.RecordBatch]:
         opts = Options(raw_mode=True)
         families = {n: Options(raw_mode=True) for n in Rdict.list_cf(path, opts) if n != "default"}
         if self.source.state not in families:
             return  # the partition never had the state: nothing in it
         db = Rdict(path, opts, column_families=families, access_type=AccessType.read_only())
         try:
-            rows = _Rows(self.schema, partition, self.source.json)
-            for key, value in db.get_column_family(self.source.state).items():
-                if rows.add(key, value) >= BATCH_ROWS:
+            rows = _Rows(self.schema, partition, pid, self.source.json)
+            start, end = bounds(pid) if key_group else (b"", None)
+            read = ReadOptions()
+            if end is not None:
+                read.set_iterate_upper_bound(end)
+            cut = len(start)
+            for key, value in db.get_column_family(self.source.state).items(from_key=start, read_opt=read):
+                if rows.add(key[cut:], value) >= BATCH_ROWS:
                     yield rows.batch()
             if rows.count:
                 yield rows.batch()
@@ -223,10 +234,10 @@ class RockstateReader(DataSourceReader):
 class _Rows:
     """Decoded entries gathered column by column into Arrow record batches."""
 
-    def __init__(self, schema: T.StructType, partition: StatePartition, all_json: bool) -> None:
+    def __init__(self, schema: T.StructType, partition: StatePartition, pid: int, all_json: bool) -> None:
         self.schema, self.arrow_schema = schema, to_arrow_schema(schema)
         self.names = schema.fieldNames()
-        self.pid, self.map = partition.pid, partition.kind == "map"
+        self.pid, self.map = pid, partition.kind == "map"
         self.decode = decode_stream if partition.kind == "list" else decode_value
         self.ttl = partition.ttl is not None
         self.now = now_ms()

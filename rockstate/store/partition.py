@@ -1,4 +1,8 @@
-"""One partition: a RocksDB instance with a column family per state.
+"""One partition: a key group of its process's RocksDB (``keygroups.py``), a column family per state.
+
+Every key goes to RocksDB behind the partition's prefix and comes back without it; what a partition hands
+out (its replicated batches, a move's recorded writes, a copy) is without it, so the other side may hold it
+under another layout.
 
 Values of a state with a TTL are stored behind an 8-byte expiry header
 (milliseconds since the epoch, big-endian); an expired entry reads as absent
@@ -20,7 +24,6 @@ whole list only in a TTL state), under the lock, so in the order it was applied.
 
 from __future__ import annotations
 
-import os
 import struct
 import threading
 import time
@@ -28,13 +31,13 @@ from collections import deque
 from itertools import islice, repeat
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from rocksdict import Checkpoint, Rdict, ReadOptions, WriteBatch
+from rocksdict import Rdict, ReadOptions, WriteBatch
 
 from ..errors import PartitionUnavailableError
 from ..ops import APPEND, DELETE, DELETE_MANY, DELETE_PREFIX, DELETE_RANGE, PUT, PUT_MANY, RAW_PUT, RAW_PUT_MANY, Op
 from . import requests
 from .catalog import RESERVED_PREFIX, StateSpec, unknown_state
-from .resources import Resources
+from .keygroups import NodeDB, bounds
 
 __all__ = ["APPEND", "DELETE", "DELETE_MANY", "DELETE_PREFIX", "DELETE_RANGE", "PUT", "PUT_MANY", "RAW_PUT", "Op",
            "Partition", "now_ms", "prefix_end"]
@@ -63,45 +66,36 @@ def prefix_end(prefix: bytes) -> bytes | None:
 
 
 class Partition:
-    def __init__(self, pid: int, path: str, resources: Resources, specs: dict[str, StateSpec], states: Iterable[str] = ()) -> None:
-        """``states``: column families opened (created if missing) with the DB, in one open: each created later
-        by ``ensure_state`` costs a MANIFEST write and sync of its own (~17 ms on a loaded disk, against ~6 ms
-        for the same family created at open)."""
+    def __init__(self, pid: int, node_db: NodeDB, specs: dict[str, StateSpec]) -> None:
         self.pid = pid
-        self.path = path
         self.lock = threading.RLock()
         self._recording: list | None = None
         self.shipper: Callable[[int, int, list], None] | None = None  # (pid, seq, stored ops): a primary's backups
         self.backup = False  # a backup's copy: written only by its primary's batches
-        self._resources = resources
         self._specs = specs  # the store's catalog, shared: states defined later appear here
-        opts = resources.options()
-        names = Rdict.list_cf(path, opts) if os.path.exists(os.path.join(path, "CURRENT")) else ["default"]
-        families = {n: resources.options() for n in [*names, *states] if n != "default"}
         self._seq: int | None = None  # read on first use
-        self.db: Rdict | None = Rdict(path, opts, column_families=families)
-        # Any: rocksdict's stubs take a multi-get's keys as an invariant list of scalars, not list[bytes]
-        self._families: dict[str, Any] = {n: self.db.get_column_family(n) for n in families}
-        self._handles = {n: self.db.get_column_family_handle(n) for n in families}
-        resources.memtables(len(families))
+        self.node_db: NodeDB | None = node_db
+        self.prefix, self._end = bounds(pid)
+        self._families = node_db.families  # shared by the store's partitions
+        self._handles = node_db.handles
+
+    @property
+    def db(self) -> Rdict | None:
+        return None if self.node_db is None else self.node_db.db
 
     # -- states ----------------------------------------------------------
 
     def column_families(self) -> list[Rdict]:
-        """One handle per state, for reading RocksDB properties (metrics)."""
+        """One handle per state (shared with the store's other partitions)."""
         return list(self._families.values())
 
     def ensure_state(self, name: str) -> None:
-        with self.lock:
-            if name not in self._families:
-                self._families[name] = self._open().create_column_family(name, self._resources.options())
-                self._handles[name] = self._open().get_column_family_handle(name)
-                self._resources.memtables(1)
+        self._open().ensure(name)
 
     def states(self) -> list[str]:
         return list(self._families)
 
-    def _family(self, state: str) -> Any:  # an Rdict column family (see _families)
+    def _family(self, state: str) -> Any:  # an Rdict column family (see NodeDB.families)
         self._open()
         try:
             return self._families[state]
@@ -111,10 +105,10 @@ class Partition:
                 return self._families[state]
             raise unknown_state(state, self._specs) from None
 
-    def _open(self) -> Rdict:
-        if self.db is None:
+    def _open(self) -> NodeDB:
+        if self.node_db is None:
             raise PartitionUnavailableError(f"partition {self.pid} is closed (closing, moving or being restored)", partition=self.pid)
-        return self.db
+        return self.node_db
 
     def _ttl_ms(self, state: str) -> int | None:
         spec = self._specs.get(state)
@@ -131,14 +125,14 @@ class Partition:
                     return False
                 ops = [*ops, (PUT, requests.REQUESTS, request, requests.WRITTEN)]
             if self.shipper is None:
-                self._open().write(self._batch(ops))
+                self._open().db.write(self._batch(ops))
             else:
                 stored: list = []
                 batch = self._batch(ops, stored)
                 seq = self.seq() + 1
                 stored.append((RAW_PUT, REPLICATION, SEQ_KEY, _SEQ.pack(seq)))
-                batch.put(SEQ_KEY, stored[-1][3], self._handles[REPLICATION])
-                self._open().write(batch)
+                batch.put(self.prefix + SEQ_KEY, stored[-1][3], self._handles[REPLICATION])
+                self._open().db.write(batch)
                 self._seq = seq
                 self.shipper(self.pid, seq, stored)
             if self._recording is not None:
@@ -160,7 +154,7 @@ class Partition:
             for state in {op[1] for op in stored}:
                 if state not in self._families:  # a new state only: the lock again costs a GIL round per batch
                     self.ensure_state(state)
-            self._open().write(self._batch(stored))
+            self._open().db.write(self._batch(stored))
             self._seq = seq
 
     def compare_and_set(self, state: str, key: bytes, expected: bytes | None, new: bytes, request: bytes | None = None) -> bool:
@@ -189,32 +183,26 @@ class Partition:
 
     # -- copies: checkpoints and moves -------------------------------------
 
-    def flush(self) -> None:
-        """Flush every column family's memtable (best effort: the partition may be closing)."""
-        db: Any = self.db  # None once closed: the flush fails, as below
-        try:
-            for name in ["default", *self._families]:
-                (db if name == "default" else db.get_column_family(name)).flush()
-        except Exception:  # noqa: BLE001 -- closed or dropped meanwhile: the caller's next step says so
-            pass
-
     def hard_link_copy(self, target: str, record: bool = False, then: Callable[[], None] | None = None) -> float:
-        """A RocksDB checkpoint (hard links) into ``target``, which must not exist; returns how long writes paused.
-
-        The memtables are flushed first, outside the lock, so little is left to
-        flush while writes wait. With ``record``, every write after the copy is
-        recorded, to be taken by ``take_recorded`` (a move's last delta). ``then`` runs under the lock
-        right after the copy (a replica copy's position).
-        """
-        self.flush()
+        """A copy of the partition alone, as a standalone RocksDB at ``target`` (which must not exist; keys without
+        the prefix); returns how long writes paused: only while a snapshot is taken, under the lock. With
+        ``record``, every write after the snapshot is recorded, to be taken by ``take_recorded`` (a move's last
+        delta). ``then`` runs under the lock right after the snapshot (a replica copy's position)."""
         with self.lock:
             start = time.perf_counter()
-            Checkpoint(self._open()).create_checkpoint(target)
+            node_db = self._open()
+            snapshots = node_db.snapshots(self.pid)
             if record:
                 self._recording = []
             if then is not None:
                 then()
-            return time.perf_counter() - start
+            pause = time.perf_counter() - start
+        node_db.export(self.pid, snapshots, target)
+        return pause
+
+    def empty(self) -> bool:
+        """No key in any state (None-safe: a closed partition is not known to be empty)."""
+        return self.node_db is not None and self.node_db.empty(self.pid)
 
     def take_recorded(self, stop: bool = True) -> list:
         """The writes recorded since ``hard_link_copy(record=True)`` or the last take; ``stop`` ends recording."""
@@ -223,9 +211,11 @@ class Partition:
             self._recording = None if stop else []
             return ops
 
-    def _batch(self, ops: Sequence[Op], stored: list | None = None) -> WriteBatch:
-        """The ops as one WriteBatch; ``stored`` (a list) gets them as stored, for the backups."""
-        batch = WriteBatch(raw_mode=True)
+    def _batch(self, ops: Sequence[Op], stored: list | None = None, batch: WriteBatch | None = None) -> WriteBatch:
+        """The ops as one WriteBatch (or added to ``batch``), keys behind the partition's prefix; ``stored`` (a
+        list) gets them as stored, without it, for the backups."""
+        batch = WriteBatch(raw_mode=True) if batch is None else batch
+        p = self.prefix
         pending: dict[tuple[str, bytes], bytes | None] = {}  # list values as this batch leaves them
         headers: dict[str, bytes | None] = {}
         for op, state, key, value in ops:
@@ -237,42 +227,40 @@ class Partition:
             as_stored = (op, state, key, value)
             if op == PUT_MANY:
                 values = [header + v for v in value] if header else value
-                _each(batch.put, key, values, repeat(handle))
+                _each(batch.put, [p + k for k in key], values, repeat(handle))
                 self._track(pending, state, key, value)
                 as_stored = (RAW_PUT_MANY, state, key, values)
             elif op == DELETE_MANY:
-                _each(batch.delete, key, repeat(handle))
+                _each(batch.delete, [p + k for k in key], repeat(handle))
                 self._track(pending, state, key, [None] * len(key))
             elif op == PUT:
-                batch.put(key, header + value if header else value, handle)
+                batch.put(p + key, header + value if header else value, handle)
                 self._track(pending, state, [key], [value])
                 as_stored = (RAW_PUT, state, key, header + value if header else value)
             elif op == DELETE:
-                batch.delete(key, handle)
+                batch.delete(p + key, handle)
                 self._track(pending, state, [key], [None])
             elif op == APPEND:
                 old = pending[state, key] if (state, key) in pending else self.get_many(state, [key])[0]
                 pending[state, key] = new = (old or b"") + value
-                batch.put(key, header + new if header else new, handle)
+                batch.put(p + key, header + new if header else new, handle)
                 if header:  # the expiry is the primary's clock's: the whole value (without TTL a backup appends alike)
                     as_stored = (RAW_PUT, state, key, header + new)
             elif op == RAW_PUT:
-                batch.put(key, value, handle)
+                batch.put(p + key, value, handle)
                 self._track(pending, state, [key], [value[8:] if header and value is not None else value])
             elif op == RAW_PUT_MANY:  # a backup applying its primary's batch
-                _each(batch.put, key, value, repeat(handle))
+                _each(batch.put, [p + k for k in key], value, repeat(handle))
                 self._track(pending, state, key, [v[8:] for v in value] if header else value)
             elif op == DELETE_RANGE:
-                batch.delete_range(key, value, handle)
+                batch.delete_range(p + key, p + value, handle)
             elif op == DELETE_PREFIX:
                 end = prefix_end(key)
-                if end is None:  # only 0xff bytes: delete key by key
-                    doomed = [k for k, _ in self.scan(state, key)]
-                    for k in doomed:
-                        batch.delete(k, handle)
-                    as_stored = (DELETE_MANY, state, doomed, None)
+                if end is None:  # empty or only 0xff bytes: to the end of the partition's range
+                    batch.delete_range(p + key, self._end, handle)
+                    as_stored = (DELETE_PREFIX, state, key, None)
                 else:
-                    batch.delete_range(key, end, handle)
+                    batch.delete_range(p + key, p + end, handle)
                     as_stored = (DELETE_RANGE, state, key, end)
             else:
                 raise ValueError(f"unknown write op {op!r}")
@@ -290,15 +278,17 @@ class Partition:
 
     def raw_get(self, state: str, keys: list[bytes]) -> list[bytes | None]:
         """Stored values as they are (TTL headers included)."""
-        return self._family(state).get(keys)
+        p = self.prefix
+        return self._family(state).get([p + k for k in keys])
 
     def raw_get_one(self, state: str, key: bytes) -> bytes | None:
         """``raw_get`` of one key, at a third of its cost (a write's request id is looked up on every write)."""
-        return self._family(state).get(key)
+        return self._family(state).get(self.prefix + key)
 
     def get_many(self, state: str, keys: list[bytes]) -> list[bytes | None]:
-        family = self._family(state)
-        values = [family.get(keys[0])] if len(keys) == 1 else family.get(keys)  # one key: a third of a multi-get's cost
+        family, p = self._family(state), self.prefix
+        # one key: a third of a multi-get's cost
+        values = [family.get(p + keys[0])] if len(keys) == 1 else family.get([p + k for k in keys])
         if self._ttl_ms(state) is None:
             return values
         now = now_ms()
@@ -308,12 +298,13 @@ class Partition:
              stop: bytes | None = None) -> list[tuple[bytes, bytes]]:
         """Live entries whose key starts with ``prefix``, in key order, after ``after`` and before ``stop``, at most ``limit``."""
         if self._ttl_ms(state) is None:  # RocksDB bounds the scan: no Python step per entry (half the cost)
-            end = prefix_end(prefix)
+            p, end = self.prefix, prefix_end(prefix)
             read = ReadOptions()
-            if stop is not None or end is not None:
-                read.set_iterate_upper_bound(min(b for b in (stop, end) if b is not None))
-            entries = self._family(state).items(from_key=after if after is not None and after > prefix else prefix, read_opt=read)
-            found = list(islice(entries, None if limit is None else limit + 1))
+            read.set_iterate_upper_bound(min(p + b for b in (stop, end) if b is not None) if stop is not None or end is not None else self._end)
+            start = after if after is not None and after > prefix else prefix
+            entries = self._family(state).items(from_key=p + start, read_opt=read)
+            cut = len(p)
+            found = [(k[cut:], v) for k, v in islice(entries, None if limit is None else limit + 1)]
             if found and found[0][0] == after:
                 del found[0]
             return found[:limit]
@@ -329,11 +320,13 @@ class Partition:
     def _iter(self, state: str, prefix: bytes, after: bytes | None) -> Iterator[tuple[bytes, bytes]]:
         ttl, now = self._ttl_ms(state), now_ms()
         it = self._family(state).iter()
-        it.seek(after if after is not None and after > prefix else prefix)
+        full, cut = self.prefix + prefix, len(self.prefix)
+        it.seek(self.prefix + after if after is not None and after > prefix else full)
         while it.valid():
             key = it.key()
-            if not key.startswith(prefix):
+            if not key.startswith(full):
                 break
+            key = key[cut:]
             if key != after:
                 value = it.value()
                 if ttl is None:
@@ -355,9 +348,11 @@ class Partition:
     def raw_items(self, state: str, start: bytes = b"", end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """Stored entries with start <= key < end, as they are on disk (TTL headers, expired ones too)."""
         it = self._family(state).iter()
-        it.seek(start)
-        while it.valid() and (end is None or it.key() < end):
-            yield it.key(), it.value()
+        p, cut = self.prefix, len(self.prefix)
+        stop = self._end if end is None else p + end
+        it.seek(p + start)
+        while it.valid() and it.key() < stop:
+            yield it.key()[cut:], it.value()
             it.next()
 
     # -- maintenance -----------------------------------------------------
@@ -367,38 +362,30 @@ class Partition:
         if self._ttl_ms(state) is None:
             return 0
         removed, now = 0, now_ms()
-        it = self._family(state).iter()
-        it.seek_to_first()
         expired = []
-        while it.valid() and not should_stop():
-            if _EXPIRY.unpack_from(it.value())[0] <= now:
-                expired.append(it.key())
-            it.next()
-            if len(expired) >= batch_size or (expired and not it.valid()):
+        entries = self.raw_items(state)
+        for key, value in entries:
+            if should_stop():
+                break
+            if _EXPIRY.unpack_from(value)[0] <= now:
+                expired.append(key)
+            if len(expired) >= batch_size:
                 removed += self._delete_if_expired(state, expired, now)
                 expired = []
+        if expired:
+            removed += self._delete_if_expired(state, expired, now)
         return removed
 
     def _delete_if_expired(self, state: str, keys: list[bytes], now: int) -> int:
         with self.lock:  # re-check under the lock: a write may have refreshed an entry (or a handover begun)
-            if self.backup:
+            if self.backup or self.node_db is None:
                 return 0
-            gone = [k for k, v in zip(keys, self._families[state].get(keys)) if v is not None and _EXPIRY.unpack_from(v)[0] <= now]
+            gone = [k for k, v in zip(keys, self.raw_get(state, keys)) if v is not None and _EXPIRY.unpack_from(v)[0] <= now]
             if gone:
                 self.write([(DELETE_MANY, state, gone, None)])
             return len(gone)
 
     def close(self) -> None:
-        db = self.detach()
-        if db is not None:
-            db.close()
-
-    def detach(self) -> Rdict | None:
-        """Closed to every user from now on; its RocksDB is the caller's to close (``close`` waits for its
-        background work: a store drops partitions in the background, trash.py)."""
+        """Closed to every user from now on (the store's RocksDB stays open: its other partitions)."""
         with self.lock:
-            db, self.db = self.db, None
-            self._resources.memtables(-len(self._families))
-            self._families.clear()
-            self._handles.clear()
-            return db
+            self.node_db = None

@@ -1,12 +1,13 @@
-"""One process's partitions: a RocksDB instance per partition, sharing memory.
+"""One process's partitions: key groups of one RocksDB (``keygroups.py``).
 
 Directory layout::
 
     <path>/LOCK           flock: one process opens a store at a time
-    <path>/STORE.json     {"partitions": P}: fixed when the store is created
+    <path>/STORE.json     {"partitions": P, "format": 2}: P fixed when the store is created
     <path>/states.json    the catalog: name -> kind, ttl
-    <path>/p0042/         partition 42's RocksDB
-    <path>/trash/         dropped or replaced partitions' directories, deleted in the background (trash.py)
+    <path>/db/            the RocksDB: every partition's keys behind its prefix
+    <path>/p0042/         (format 1, a RocksDB per partition) imported into db/ when the partition opens,
+                          then removed (trash.py)
 """
 
 from __future__ import annotations
@@ -14,9 +15,8 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
-import time
-from concurrent.futures import Future
-from typing import IO, Any, Callable, Iterable, cast
+import uuid
+from typing import IO, Any, Callable, Iterable, Mapping, cast
 
 from ..config import StoreConfig
 from ..errors import (
@@ -32,6 +32,7 @@ from ..files import read_json, write_json
 from . import requests
 from .catalog import StateSpec, unknown_state
 from .checks import check_compare_and_set, check_ops
+from .keygroups import NodeDB
 from .partition import Partition
 from .resources import Resources
 from .trash import Trash
@@ -61,10 +62,10 @@ class Store:
             self.resources = Resources(self.config.memory_bytes, self.config.max_open_files)
             self._parts: dict[int, Partition] = {}
             self.reserved = tuple(reserved)
+            self.db = NodeDB(os.path.join(self.path, "db"), self.resources, [*self.specs, *self.reserved])
             self._mutex = threading.Lock()
-            self._opening: dict[int, threading.Lock] = {}  # pid -> held while its RocksDB opens
+            self._opening: dict[int, threading.Lock] = {}  # pid -> held while a format-1 copy of it is imported
             self._trash = Trash(self.path)
-            self._dropping: dict[int, Future] = {}  # pid -> its dropped RocksDB's close, in the background
             self.open_partitions(range(self.partitions) if owned is None else owned)
         except BaseException:
             self._close_parts_and_unlock()
@@ -80,9 +81,11 @@ class Store:
     def _check_partition_count(self) -> None:
         meta_path = os.path.join(self.path, "STORE.json")
         meta: Any = read_json(meta_path)
-        if meta is None:
-            write_json(meta_path, {"partitions": self.partitions, "format": 1})
-        elif meta["partitions"] != self.partitions:
+        if meta is None or "id" not in meta:  # a new store, or one of format 1 (its partitions imported as they open)
+            meta = {"partitions": self.partitions, **(meta or {}), "format": 2, "id": uuid.uuid4().hex}
+            write_json(meta_path, meta)
+        self.id: str = meta["id"]  # names its files in checkpoint storage
+        if meta["partitions"] != self.partitions:
             raise PartitionCountError(
                 f"store at {self.path} was created with {meta['partitions']} partitions; "
                 f"it cannot be opened with {self.partitions} (the partition count is fixed at creation)",
@@ -103,8 +106,7 @@ class Store:
                 raise unknown_state(spec.name, self.specs)
             self.specs[spec.name] = spec
             write_json(self._catalog_path, {n: s.to_dict() for n, s in self.specs.items()})
-            parts = list(self._parts.values())
-        _one_at_a_time(lambda part: part.ensure_state(spec.name), parts)
+        self.db.ensure(spec.name)
         return spec
 
     # -- partitions ------------------------------------------------------
@@ -130,24 +132,25 @@ class Store:
         return os.path.join(self.path, partition_dir(pid))
 
     def open_partition(self, pid: int) -> Partition:
+        """The partition's key group, served from now on (what the store holds of it: nothing, or what it held
+        when it closed). A format-1 directory of it is imported first."""
         self.check_pid(pid)
         with self._mutex:
             part = self._parts.get(pid)
             if part is not None:
                 return part
             opening = self._opening.setdefault(pid, threading.Lock())
-        with opening:  # the RocksDB open outside the store's mutex: other partitions open meanwhile
+        with opening:
             with self._mutex:
                 part = self._parts.get(pid)
                 if part is not None:
                     return part
-                states = [*self.specs, *self.reserved]
-                dropping = self._dropping.pop(pid, None)
-            if dropping is not None:  # the copy dropped before: closed first, its background work is on this path
-                dropping.exception()
             try:
-                # every state's column family opened (created) with the DB: one MANIFEST sync, not one per state
-                part = Partition(pid, self.partition_path(pid), self.resources, self.specs, states)
+                old = self.partition_path(pid)
+                if os.path.exists(os.path.join(old, "CURRENT")):
+                    self._import({pid: (old, None)}, replace=True)
+                    self._trash.discard(old)
+                part = Partition(pid, self.db, self.specs)
                 with self._mutex:
                     self._parts[pid] = part
             finally:
@@ -158,12 +161,11 @@ class Store:
         return part
 
     def open_partitions(self, pids: Iterable[int]) -> list[Partition]:
-        """``open_partition`` of each, one at a time (``_one_at_a_time``: a RocksDB open holds the GIL)."""
-        return _one_at_a_time(self.open_partition, list(pids))
+        return [self.open_partition(pid) for pid in pids]
 
     def close_partition(self, pid: int, drop: bool = False) -> None:
-        """``drop``: its directory too, open or not, at once out of the way (into the trash): a partition opened
-        here again starts empty. Its RocksDB closes and its files go in the background: cheap on an event loop."""
+        """Not served from now on; ``drop``: its keys deleted too (a range deletion: cheap on an event loop), so a
+        partition opened here again starts empty."""
         with self._mutex:
             opening = self._opening.get(pid)
         if opening is not None:
@@ -171,35 +173,47 @@ class Store:
                 pass
         with self._mutex:
             part = self._parts.pop(pid, None)
-        if not drop:
-            if part is not None:
+        if part is not None:
+            with part.lock:  # no write of it lands after the range deletion
                 part.close()
-            return
-        db = None if part is None else part.detach()  # unusable now: no write lands in a dropped copy
-        with self._mutex:  # an open of it again waits for this close (open_partition)
-            self._dropping[pid] = self._trash.discard(self.partition_path(pid), None if db is None else db.close)
+                if drop:
+                    self.db.drop(pid)
+        elif drop and self._lock_file is not None:
+            self.db.drop(pid)
+
+    def drop_all_but(self, keep: set[int]) -> None:
+        """Every partition but ``keep`` dropped: what the store holds of them deleted, format-1 folders too."""
+        for pid in range(self.partitions):
+            if pid not in keep and (pid in self._parts or not self.db.empty(pid)):
+                self.close_partition(pid, drop=True)
+        for name in os.listdir(self.path):
+            if name.startswith("p") and name[1:].isdigit() and int(name[1:]) not in keep:
+                self._trash.discard(os.path.join(self.path, name))
 
     def wait_dropped(self) -> None:
-        """Until every partition dropped so far is closed and its files deleted."""
+        """Until every format-1 directory removed so far is deleted."""
         self._trash.wait()
 
-    def replace_partitions(self, dirs: dict[int, str], states: dict[str, dict] | None = None) -> None:
-        """Each partition's directory becomes ``dirs[pid]`` (a restored or moved-in copy), and is opened.
+    def replace_partitions(self, dirs: Mapping[int, str | tuple[str, int | None]], states: dict[str, dict] | None = None) -> None:
+        """Each partition becomes the copy in ``dirs[pid]`` (a restored or moved-in copy: a standalone RocksDB of
+        it, or ``(path, source pid)``: that partition's range of a key-group RocksDB), and is opened.
 
         Restore, failover and moves all end here. ``states``: the copy's catalog
         (a checkpoint's), merged into this store's before the partitions open.
-        Renames only: each partition directory is either the old one or the new one.
+        A partition is closed while its copy goes in: it is either the old one or the new one.
         """
         for pid in dirs:
             self.close_partition(self.check_pid(pid))
-        for pid, new in dirs.items():  # per partition: moves of other partitions may be doing the same meanwhile
-            self._trash.discard(self.partition_path(pid))
-            os.rename(new, self.partition_path(pid))
         if states:
             with self._mutex:  # the specs dict is shared with the open partitions: update it in place
                 self.specs.update({name: StateSpec.from_dict(data) for name, data in states.items()})
                 write_json(self._catalog_path, {n: s.to_dict() for n, s in self.specs.items()})
+        self._import({pid: (d, None) if isinstance(d, str) else d for pid, d in dirs.items()}, replace=True)
         self.open_partitions(dirs)
+
+    def _import(self, copies: dict[int, tuple[str, int | None]], replace: bool) -> None:
+        for pid, (path, source) in copies.items():
+            self.db.import_copy(pid, path, source, replace)
 
     # -- operations (the node serves these per partition) ----------------
 
@@ -303,22 +317,12 @@ class Store:
         for pid in list(getattr(self, "_parts", {})):
             self.close_partition(pid)
         if hasattr(self, "_trash"):
-            self._trash.close()  # every dropped RocksDB closed before the lock goes
+            self._trash.close()
+        if hasattr(self, "db"):
+            self.db.close()
         if self._lock_file is not None:
             self._lock_file.close()
             self._lock_file = None
-
-
-def _one_at_a_time(work: Callable[[Any], Any], items: list) -> list:
-    """``work`` on each item in turn, the GIL let go between two. rocksdict holds the GIL through a RocksDB open
-    and a column family's creation, file syncs included: threads did not overlap them (48 opens took 1.4 s with 1
-    to 8 threads), and an event loop beside them waited for several (its worst lag 0.09 s with one, 0.24-0.44 s
-    with 2 to 8, on a loaded 2-core machine)."""
-    answers = []
-    for item in items:
-        answers.append(work(item))
-        time.sleep(0)  # the GIL to a waiting thread (a node's event loop) now, not after its switch interval
-    return answers
 
 
 def not_bytes(e: Exception, what: str) -> Exception:

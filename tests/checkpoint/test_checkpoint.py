@@ -291,7 +291,7 @@ def test_a_checkpoint_past_its_timeout_is_aborted(file_url, open_store, storage_
     real, release, lock, active, stuck = checkpointer.storage.upload, threading.Event(), threading.Lock(), [0], []
 
     def slow_upload(local, rel):
-        if not rel.startswith("shared/p0002/") or release.is_set():
+        if not rel.startswith("shared/") or release.is_set():
             return real(local, rel)
         with lock:
             active[0] += 1
@@ -312,7 +312,7 @@ def test_a_checkpoint_past_its_timeout_is_aborted(file_url, open_store, storage_
     storage = storage_of(file_url)
     assert stuck and not storage.exists(metadata_path(1))
     record = rs.checkpoints()[0]
-    assert record.state == "ABORTED" and re.search(r"[0-3] of 4 partitions acked", record.failure)
+    assert record.state == "ABORTED" and re.search(r"0 of 4 partitions acked", record.failure)
     wait_for(lambda: active[0] == 0, what="the stuck uploads to land")  # after the abort: orphans
     c2 = rs.checkpoint()
     assert c2.id == 2
@@ -388,11 +388,8 @@ def test_restore_prefers_local_snapshots_and_checks_them(file_url, open_store):
     result = rs.restore()
     assert result.bytes_downloaded == 0 and result.bytes_local > 0  # hard links, no download
     assert contents(rs) == expected
-    store = rs.backend.store
-    ssts = [n for n in os.listdir(store.partition_path(0)) if n.endswith(".sst")]
-    assert ssts and os.stat(os.path.join(store.partition_path(0), ssts[0])).st_nlink > 1
 
-    local = rs.backend.checkpointer.snapshotter.local_snapshots(0)[c1.id]
+    local = rs.backend.checkpointer.snapshotter.local_snapshots()[c1.id]
     name = next(n for n in os.listdir(local) if n.endswith(".sst"))
     size = os.path.getsize(os.path.join(local, name))
     os.unlink(os.path.join(local, name))  # a damaged local copy (a new inode: the live file is untouched)

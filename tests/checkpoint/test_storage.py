@@ -12,9 +12,9 @@ from rockstate.errors import CheckpointStorageError, CorruptCheckpointError
 def test_layout_names():
     assert metadata_path(123) == "chk-000123/_metadata"
     assert manifest_path(123, 42) == "chk-000123/p0042.json"
-    assert private_path(123, 42, "CURRENT") == "chk-000123/p0042/CURRENT"
-    a, b = shared_path(42, "000012.sst"), shared_path(42, "000012.sst")
-    assert a.startswith("shared/p0042/000012-") and a.endswith(".sst") and a != b  # unique: never overwritten
+    assert private_path(123, "s9f", "CURRENT") == "chk-000123/s9f/CURRENT"
+    a, b = shared_path("s9f", "000012.sst"), shared_path("s9f", "000012.sst")
+    assert a.startswith("shared/s9f/000012-") and a.endswith(".sst") and a != b  # unique: never overwritten
     assert checkpoint_id_of("chk-000123/p0042.json") == 123 and checkpoint_id_of("shared/x") is None
 
 

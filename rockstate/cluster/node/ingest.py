@@ -37,10 +37,12 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shutil
 import time
-from typing import Awaitable, Callable
+from contextlib import contextmanager
+from typing import Awaitable, Callable, Iterator
 
-from rocksdict import IngestExternalFileOptions
+from rocksdict import IngestExternalFileOptions, Rdict
 
 from ...checkpoint.manifest import checksum_file
 from ...errors import ClusterError, IngestUploadError, PartitionUnavailableError, UnknownStateError
@@ -114,13 +116,28 @@ class SstIngestor:
             raise UnknownStateError(f"unknown state {msg.state!r}")
         part = store.partition(pid)
         part.ensure_state(msg.state)
-        options = IngestExternalFileOptions()
-        options.set_move_files(True)
-        with part.lock:
-            self.gate.ownership.check_ingest(pid, msg.epoch)  # moved away, or being copied, while the file was checked
-            if part.db is None:
-                raise PartitionUnavailableError(f"partition {pid} is closed (moving or being restored); retry", partition=pid)
-            part.db.get_column_family(msg.state).ingest_external_file([path], options)
+        copy = path + ".db"  # the client's keys go behind the partition's prefix: through a RocksDB of the file alone
+        shutil.rmtree(copy, ignore_errors=True)
+        db = Rdict(copy, store.resources.options(), column_families={msg.state: store.resources.options()})
+        try:
+            options = IngestExternalFileOptions()
+            options.set_move_files(True)
+            db.get_column_family(msg.state).ingest_external_file([path], options)
+        finally:
+            db.close()
+
+        @contextmanager
+        def locked() -> Iterator[None]:
+            with part.lock:
+                self.gate.ownership.check_ingest(pid, msg.epoch)  # moved away, or being copied, while the file was checked
+                if part.db is None:
+                    raise PartitionUnavailableError(f"partition {pid} is closed (moving or being restored); retry", partition=pid)
+                yield
+
+        try:
+            store.db.import_copy(pid, copy, replace=False, locked=locked)
+        finally:
+            shutil.rmtree(copy, ignore_errors=True)
         return size
 
     def _sweep(self) -> None:

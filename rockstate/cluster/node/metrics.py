@@ -38,7 +38,7 @@ LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0
 CLIENT_OPS = frozenset(m.op for m in (p.Write, p.CompareAndSet, p.Read, p.Scan, p.ScanMany, p.Stage, p.StageDone,
                                       p.AdvanceBatches, p.FinishTask, p.Seal))
 
-# RocksDB integer properties, summed over a node's open partitions and their states (column families)
+# RocksDB integer properties, summed over the node's RocksDB's states (column families)
 ROCKSDB_PROPERTIES = {
     "memtable_bytes": ("rocksdb.cur-size-all-mem-tables", "Memtable bytes (active and unflushed)"),
     "pending_compaction_bytes": ("rocksdb.estimate-pending-compaction-bytes", "Bytes compaction estimates it must rewrite"),
@@ -54,15 +54,14 @@ def rocksdb_figures(store: Store | None) -> dict[str, int]:
     figures = dict.fromkeys([*ROCKSDB_PROPERTIES, "write_delays", "write_stops"], 0)
     if store is None:
         return {**figures, "block_cache_bytes": 0, "block_cache_pinned_bytes": 0}
-    for pid in store.owned():
-        try:
-            for family in store.partition(pid).column_families():
-                for name, (prop, _) in ROCKSDB_PROPERTIES.items():
-                    figures[name] += family.property_int_value(prop) or 0
-                for kind, n in _STALLS.findall(family.property_value("rocksdb.cf-write-stall-stats") or ""):
-                    figures["write_" + kind] += int(n)
-        except Exception:  # noqa: BLE001 -- a partition closed while being read (it moved away): skip it
-            continue
+    try:
+        for family in [store.db.db, *store.db.families.values()]:
+            for name, (prop, _) in ROCKSDB_PROPERTIES.items():
+                figures[name] += family.property_int_value(prop) or 0
+            for kind, n in _STALLS.findall(family.property_value("rocksdb.cf-write-stall-stats") or ""):
+                figures["write_" + kind] += int(n)
+    except Exception:  # noqa: BLE001 -- the store closed while being read (the node stops)
+        pass
     cache = store.resources.cache
     return {**figures, "block_cache_bytes": cache.get_usage(), "block_cache_pinned_bytes": cache.get_pinned_usage()}
 

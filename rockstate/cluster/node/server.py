@@ -214,12 +214,8 @@ class Node:
         log.info("node %s joined: serving %d partitions on %s (table epoch %d)", self.node_id, len(self.owned), self.address, self.table.epoch)
 
     def _drop_stale_partitions(self) -> None:
-        """Partition folders left from before a restart whose partitions moved away meanwhile are stale."""
-        owned = set(self.owned)
-        store = self._store_of()
-        for name in os.listdir(store.path):
-            if name.startswith("p") and name[1:].isdigit() and int(name[1:]) not in owned:
-                store.close_partition(int(name[1:]), drop=True)  # open or not: into the trash, deleted off the loop
+        """What the store holds from before a restart of partitions that moved away meanwhile is stale."""
+        self._store_of().drop_all_but(set(self.owned))
 
     async def _register(self) -> dict:
         async def once() -> dict:
@@ -326,11 +322,9 @@ class Node:
                          sorted(change.opened), sorted(change.retired))
 
     def _retire(self, pid: int) -> None:
-        """Drop a partition this node no longer owns, with its move copy and local snapshots."""
+        """Drop a partition this node no longer owns, with its move copy."""
         self._store_of().close_partition(pid, drop=True)
         self.moves.source.discard(pid)
-        if self.checkpoints is not None:
-            self.checkpoints.drop(pid)
 
     async def _replacing(self, pid: int) -> None:
         """Before a copy moved in or restored replaces the partition: no backup copy of it here any more."""

@@ -106,7 +106,7 @@ class ReplicaCopies:
         """A copy of ``pid`` for ``node`` at its batch S, shipped the batches after S; None: never written, no files."""
         part: Partition = self._store_of().partition(pid)
         with part.lock:
-            if part.seq() == 0 and _empty(part):
+            if part.seq() == 0 and part.empty():
                 self._primaries.copied(node, pid, 0)
                 shutil.rmtree(self.source.path(_name(pid, node)), ignore_errors=True)
                 return None
@@ -206,18 +206,6 @@ class ReplicaCopies:
 def _remove(paths: list[str]) -> None:
     for path in paths:
         shutil.rmtree(path, ignore_errors=True)
-
-
-def _empty(part: Partition) -> bool:
-    """No key in any of the partition's column families (under its lock: nothing is written meanwhile)."""
-    for family in [part.db, *part.column_families()]:
-        if family is None:
-            return False  # closed: not known to be empty
-        it = family.iter()
-        it.seek_to_first()
-        if it.valid():
-            return False
-    return True
 
 
 def _epochs(msg: p.ReplicaCopy) -> dict[int, int]:
