@@ -168,7 +168,7 @@ class CheckpointConfig(Settings):
     timeout: float = Field(600.0, gt=0, description="a checkpoint not complete after this many seconds is aborted")
     min_pause: float = Field(0.0, ge=0, description="seconds from the end of one checkpoint to the next periodic one")
     tolerable_failures: int = Field(3, ge=0, description="consecutive failed checkpoints before periodic ones stop and an error is reported")
-    local_snapshots: int = Field(2, ge=0, description="local snapshots kept per partition, for restores without downloading")
+    local_snapshots: int = Field(2, ge=0, description="local snapshots of the node's RocksDB kept, for restores without downloading")
     transfer_threads: int | None = Field(None, ge=1, description="files uploaded or downloaded at once (None: 16 for object stores, one per core for file systems)")
     verify_local: bool = Field(True, description="check local snapshot files' checksums before restoring from them")
     sweep: bool = Field(True, description="list the storage after a checkpoint and delete files no retained checkpoint uses: after the first, after an abort, else every 10 minutes")

@@ -29,8 +29,7 @@ class EmbeddedBackend:
         return self.store.define_state(spec, create)
 
     def write(self, ops_by_pid):
-        for pid, ops in ops_by_pid.items():
-            self.store.write(pid, ops)
+        self.store.write_all(list(ops_by_pid.items()))
 
     def get_many(self, state, keys_by_pid):
         return {pid: self.store.get_many(pid, state, keys) for pid, keys in keys_by_pid.items()}

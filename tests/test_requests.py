@@ -65,7 +65,7 @@ def test_ids_are_forgotten_after_the_window_and_kept_within_it(store):
 def test_the_copy_a_move_or_checkpoint_takes_holds_the_ids_and_a_move_hands_over_later_ones(store, tmp_path):
     part, before, after = store.partition(0), requests.new_id(), requests.new_id()
     store.write(0, append("before"), before)
-    part.hard_link_copy(str(tmp_path / "copy"), record=True)
+    part.export_copy(str(tmp_path / "copy"), record=True)
     store.write(0, append("after"), after)
     handed_over = part.take_recorded()
     other = Store(str(tmp_path / "other"), StoreConfig(partitions=store.partitions), owned=[])

@@ -4,7 +4,7 @@ Layers (as in Flink's RocksDB backend):
 
 - ``storage``: the external layout over fsspec URLs (file://, s3://, ...).
 - ``manifest``: the partition manifest and the checkpoint ``_metadata``.
-- ``snapshot``: a partition's sync phase (hard-link checkpoint under its lock)
+- ``snapshot``: a process's sync phase (one hard-link RocksDB checkpoint of its store)
   and async phase (incremental upload).
 - ``restore``: a partition from its manifest; choosing a checkpoint, with fallback.
 - ``savepoint``: self-contained copies by server-side copy.

@@ -1,4 +1,4 @@
-"""A partition's files handed to another node: a hard-link copy on the source, streamed, and written on the receiver.
+"""A partition's files handed to another node: a copy on the source (a RocksDB of that partition alone), streamed, and written on the receiver.
 
 A move's target and a new or returning backup both fetch a copy this way (``node/migration.py``,
 ``replication/copies.py``).
@@ -34,12 +34,12 @@ class MoveSource:
         return os.path.join(self.root, name)
 
     def take(self, part: Partition, name: str, record: bool = False, then: Callable[[], None] | None = None) -> None:
-        """A hard-link copy of ``part`` as ``name`` (blocking); ``record``: record writes from now on; ``then``: run
+        """A copy of ``part`` as ``name`` (blocking); ``record``: record writes from now on; ``then``: run
         under the partition's lock right after the copy."""
         target = self.path(name)
         shutil.rmtree(target, ignore_errors=True)
         os.makedirs(self.root, exist_ok=True)
-        part.hard_link_copy(target, record=record, then=then)
+        part.export_copy(target, record=record, then=then)
 
     def listing(self, name: str) -> list[list]:
         return [[f, os.path.getsize(os.path.join(self.path(name), f))] for f in sorted(os.listdir(self.path(name)))]

@@ -29,7 +29,7 @@ that state, change nothing and answer no action):
 
 - ``add_backup(pid, node)``: a new replica (a planned ADD: a new or
   returning member) is CATCHING_UP; ``CatchUp`` tells the primary to send
-  it a hard-link snapshot and then the write delta.
+  it a snapshot copy and then the write delta.
 - ``copy_started(pid, node)`` / ``copy_finished(pid, node)``: the caller
   carries out a ``CatchUp`` (the backup drops what it held and copies the
   partition anew) between the two; False from the first when one is under

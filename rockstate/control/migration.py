@@ -33,7 +33,7 @@ migration): the target is first an extra backup, then takes over::
     a failure before DRAIN: FAILED; at DRAIN or CONFIRM: UNFREEZE ──▶ FAILED
 
 - ADD: the target becomes an extra backup, not in sync, and catches up as
-  any new backup does (a hard-link copy, then the primary's stream); so do
+  any new backup does (a copy of the partition, then the primary's stream); so do
   the others ``replica_placement.handover_adds`` names, when without the old
   primary too few in-sync replicas would be left (its backup takes over).
 - CATCH_UP: done once the coordinator counts them in sync (``waited`` answers

@@ -28,7 +28,7 @@ Rules:
   as many backups as there are other members (``ReplicaPlan.missing``).
 
 Steps, per partition, in this order, each begun once the one before is done:
-``ADD`` a replica (it copies the partition from the primary, a hard-link
+``ADD`` a replica (it copies the partition from the primary, a
 snapshot and the write delta, until it is in sync; with no primary it
 starts empty), ``PROMOTE`` an in-sync replica to primary (an epoch bump),
 ``DROP`` a replica. Adds precede drops, so a partition never has fewer

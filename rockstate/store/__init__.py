@@ -1,4 +1,4 @@
-"""One process's partitions: RocksDB per partition, states, TTL, staged transactions."""
+"""One process's partitions: key groups of one RocksDB, states, TTL, staged transactions."""
 
 from ..ops import APPEND, DELETE, DELETE_MANY, DELETE_PREFIX, PUT, PUT_MANY
 from .catalog import KINDS, StateSpec, check_name

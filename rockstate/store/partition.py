@@ -105,6 +105,9 @@ class Partition:
                 return self._families[state]
             raise unknown_state(state, self._specs) from None
 
+    def check_open(self) -> None:
+        self._open()
+
     def _open(self) -> NodeDB:
         if self.node_db is None:
             raise PartitionUnavailableError(f"partition {self.pid} is closed (closing, moving or being restored)", partition=self.pid)
@@ -120,24 +123,40 @@ class Partition:
         """Apply ``ops`` atomically (one RocksDB WriteBatch), once per ``request`` id (see requests.py);
         answers whether they applied now. A move in progress records them, the request id with them."""
         with self.lock:
-            if request is not None:
-                if self.raw_get_one(requests.REQUESTS, request) is not None:
-                    return False
-                ops = [*ops, (PUT, requests.REQUESTS, request, requests.WRITTEN)]
-            if self.shipper is None:
-                self._open().db.write(self._batch(ops))
-            else:
-                stored: list = []
-                batch = self._batch(ops, stored)
-                seq = self.seq() + 1
-                stored.append((RAW_PUT, REPLICATION, SEQ_KEY, _SEQ.pack(seq)))
-                batch.put(self.prefix + SEQ_KEY, stored[-1][3], self._handles[REPLICATION])
-                self._open().db.write(batch)
-                self._seq = seq
-                self.shipper(self.pid, seq, stored)
-            if self._recording is not None:
-                self._recording.extend(ops)
+            batch = WriteBatch(raw_mode=True)
+            written = self.stage(ops, request, batch)
+            if written is None:
+                return False
+            self._open().db.write(batch)
+            written()
             return True
+
+    def stage(self, ops: Sequence[Op], request: bytes | None, batch: WriteBatch) -> Callable[[], None] | None:
+        """``write``'s work up to the RocksDB write, into ``batch`` (which may hold other partitions' ops: the
+        store writes a request's partitions in one WriteBatch); answers what to do once ``batch`` is written, or
+        None when ``request`` applied before. Under the lock, held until then."""
+        if request is not None:
+            if self.raw_get_one(requests.REQUESTS, request) is not None:
+                return None
+            ops = [*ops, (PUT, requests.REQUESTS, request, requests.WRITTEN)]
+        if self.shipper is None:
+            self._batch(ops, None, batch)
+            return lambda: self._record(ops)
+        stored: list = []
+        self._batch(ops, stored, batch)
+        seq = self.seq() + 1
+        stored.append((RAW_PUT, REPLICATION, SEQ_KEY, _SEQ.pack(seq)))
+        batch.put(self.prefix + SEQ_KEY, stored[-1][3], self._handles[REPLICATION])
+
+        def written() -> None:
+            self._seq = seq
+            self.shipper(self.pid, seq, stored)  # type: ignore[misc]  # set: checked above, under the lock
+            self._record(ops)
+        return written
+
+    def _record(self, ops: Sequence[Op]) -> None:
+        if self._recording is not None:
+            self._recording.extend(ops)
 
     def seq(self) -> int:
         """The last replicated batch this copy holds (0: none)."""
@@ -151,11 +170,21 @@ class Partition:
     def apply_replicated(self, seq: int, stored: list) -> None:
         """A backup: its primary's batch ``seq``, as the primary stored it (its sequence number included)."""
         with self.lock:
-            for state in {op[1] for op in stored}:
-                if state not in self._families:  # a new state only: the lock again costs a GIL round per batch
-                    self.ensure_state(state)
-            self._open().db.write(self._batch(stored))
+            batch = WriteBatch(raw_mode=True)
+            self.stage_replicated(seq, stored, batch)
+            self._open().db.write(batch)
             self._seq = seq
+
+    def stage_replicated(self, seq: int, stored: list, batch: WriteBatch) -> None:
+        """``apply_replicated`` up to the RocksDB write, into ``batch``; the caller holds the lock until it is
+        written, then sets ``applied(seq)``."""
+        for state in {op[1] for op in stored}:
+            if state not in self._families:  # a new state only
+                self.ensure_state(state)
+        self._batch(stored, None, batch)
+
+    def applied(self, seq: int) -> None:
+        self._seq = seq
 
     def compare_and_set(self, state: str, key: bytes, expected: bytes | None, new: bytes, request: bytes | None = None) -> bool:
         """Store ``new`` at ``key`` if its live value is ``expected`` (None: absent); returns whether it did.
@@ -183,7 +212,7 @@ class Partition:
 
     # -- copies: checkpoints and moves -------------------------------------
 
-    def hard_link_copy(self, target: str, record: bool = False, then: Callable[[], None] | None = None) -> float:
+    def export_copy(self, target: str, record: bool = False, then: Callable[[], None] | None = None) -> float:
         """A copy of the partition alone, as a standalone RocksDB at ``target`` (which must not exist; keys without
         the prefix); returns how long writes paused: only while a snapshot is taken, under the lock. With
         ``record``, every write after the snapshot is recorded, to be taken by ``take_recorded`` (a move's last
@@ -205,7 +234,7 @@ class Partition:
         return self.node_db is not None and self.node_db.empty(self.pid)
 
     def take_recorded(self, stop: bool = True) -> list:
-        """The writes recorded since ``hard_link_copy(record=True)`` or the last take; ``stop`` ends recording."""
+        """The writes recorded since ``export_copy(record=True)`` or the last take; ``stop`` ends recording."""
         with self.lock:
             ops = self._recording or []
             self._recording = None if stop else []

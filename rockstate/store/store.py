@@ -16,7 +16,10 @@ import fcntl
 import os
 import threading
 import uuid
+from contextlib import ExitStack
 from typing import IO, Any, Callable, Iterable, Mapping, cast
+
+from rocksdict import WriteBatch
 
 from ..config import StoreConfig
 from ..errors import (
@@ -227,17 +230,42 @@ class Store:
             check_ops(ops, self.specs, f"partition {pid}", self.config.max_key_bytes, self.config.max_value_bytes)
 
     def write_groups(self, groups: list, request: bytes | None = None) -> list[bool]:
-        """A node's ``Write``: every group's ops checked before any applies, then each group applied (atomically,
-        once per ``request`` id) to its partition; answers which applied now."""
+        """A node's ``Write``: every group's ops checked before any applies, then all groups applied in one RocksDB
+        WriteBatch (atomically, once per ``request`` id and partition: one that applied before is left out);
+        answers which applied now. One WAL append however many partitions the request reaches."""
         requests.check_id(request, "write")
         self.check_ops(groups)
-        applied = []
-        for pid, ops in groups:
-            try:
-                applied.append(self.partition(pid).write(ops, request))
-            except (KeyError, TypeError, ValueError) as e:
-                raise not_bytes(e, f"ops of partition {pid}")
-        return applied
+        return self.write_all(groups, request)
+
+    def write_all(self, groups: list, request: bytes | None = None) -> list[bool]:
+        """``write_groups`` of ops made here (the embedded backend's): not checked again."""
+        parts = [self.partition(pid) for pid, _ in groups]
+        locks = sorted({part.pid: part for part in parts}.values(), key=lambda part: part.pid)
+        if len(locks) < len(parts) or len(parts) == 1:  # one partition (or one twice: each group its own write)
+            return [self._write_one(part, ops, request) for part, (_, ops) in zip(parts, groups)]
+        with ExitStack() as held:
+            for part in locks:  # in partition order: two requests never wait for each other's
+                held.enter_context(part.lock)
+            batch = WriteBatch(raw_mode=True)
+            written = []
+            for part, (pid, ops) in zip(parts, groups):
+                try:
+                    written.append(part.stage(ops, request, batch))
+                except (KeyError, TypeError, ValueError) as e:
+                    raise not_bytes(e, f"ops of partition {pid}")
+            for part in locks:
+                part.check_open()
+            self.db.db.write(batch)
+            for done in written:
+                if done is not None:
+                    done()
+            return [done is not None for done in written]
+
+    def _write_one(self, part: Partition, ops: list, request: bytes | None) -> bool:
+        try:
+            return part.write(ops, request)
+        except (KeyError, TypeError, ValueError) as e:
+            raise not_bytes(e, f"ops of partition {part.pid}")
 
     def compare_and_set_groups(self, groups: list[tuple[int, list[Any]]], request: bytes | None = None) -> list[bool]:
         """A node's ``CompareAndSet``: one [state, key, expected, new] per partition, all checked first, each
@@ -323,6 +351,36 @@ class Store:
         if self._lock_file is not None:
             self._lock_file.close()
             self._lock_file = None
+
+
+class ReplicatedWrites:
+    """A backup's batches of several partitions gathered into one RocksDB WriteBatch (their locks held by the
+    caller until ``flush``); at most one batch per partition between two flushes."""
+
+    def __init__(self, store: Store) -> None:
+        self._db = store.db
+        self._batch = WriteBatch(raw_mode=True)
+        self._done: dict[int, Callable[[], None]] = {}
+
+    def __contains__(self, pid: int) -> bool:
+        return pid in self._done
+
+    def add(self, part: Partition, seq: int, stored: list, then: Callable[[int], None]) -> None:
+        part.check_open()
+        part.stage_replicated(seq, stored, self._batch)
+
+        def done() -> None:
+            part.applied(seq)
+            then(seq)
+        self._done[part.pid] = done
+
+    def flush(self) -> None:
+        if not self._done:
+            return
+        self._db.db.write(self._batch)
+        for done in self._done.values():
+            done()
+        self._batch, self._done = WriteBatch(raw_mode=True), {}
 
 
 def not_bytes(e: Exception, what: str) -> Exception:

@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backup-count", type=int, default=None, help="backups per partition (default: the coordinator's, 1)")
     parser.add_argument("--checkpoint-every", type=int, default=2,
                         help="with backups, a checkpoint after every this many micro-batches (default 2; without backups: every one)")
-    parser.add_argument("--error-rate", type=float, default=0.001, help="share of storage operations that fail (default 0.001)")
+    parser.add_argument("--error-rate", type=float, default=0.005, help="share of storage operations that fail (default 0.005)")
     parser.add_argument("--latency-rate", type=float, default=0.1, help="share of storage operations slowed down (default 0.1)")
     parser.add_argument("--latency", type=float, default=0.05, help="longest injected storage latency, seconds (default 0.05)")
     parser.add_argument("--storage", choices=["file", "s3"], default="file", help="checkpoints in a directory, or in S3 (moto's server)")

@@ -1,7 +1,7 @@
 """Moving a partition between nodes, in two phases, so writes wait only for the last delta.
 
 Phase 1, the source keeps serving. The target asks the source for a copy:
-the source takes a hard-link RocksDB checkpoint of the partition under its
+the source takes a copy of the partition (a snapshot) under its
 write lock and, from that instant, records every write to the partition.
 The copy's files come back as one stream (the answer to ``MoveCopy``, read
 on a connection of its own) into the target's ``<store>/incoming/``; it

@@ -208,7 +208,7 @@ class ReplicaApply(Message):
 
 
 class ReplicaCopy(Ranged, Message):
-    """On a primary: take a hard-link copy of each of ``partitions`` it serves with backup ``node``, and ship the backup
+    """On a primary: take a copy of each of ``partitions`` it serves with backup ``node``, and ship the backup
     the batches after each; answers {"parts": [[pid, [[name, size], ...]], ...]} (a never-written partition: no
     files), then streams every part's files' bytes in that order."""
 

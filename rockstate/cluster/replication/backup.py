@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from contextlib import ExitStack
 from typing import Callable
 
 from ...control.write_acks import BackupApply
 from ...errors import ProtocolError, ReplicaBehindError, RockstateError, StaleEpochError
 from ...store import Store
+from ...store.store import ReplicatedWrites
 from .. import protocol as p
 from .outcomes import Applied
 
@@ -61,34 +63,45 @@ class Backups:
         return await asyncio.to_thread(self._apply, msg.items)  # off the loop: a catching-up backup gets thousands
 
     def _apply(self, items: list) -> list:
-        answers: dict[int, list] = {}
+        """The items in order, every partition's batches in one RocksDB WriteBatch (a partition's next batch in the
+        same message writes what came before first: an append reads what its previous batch left)."""
         store = self._store_of()
-        for pid, epoch, seq, stored in items:
-            backup = self._applies.get(pid)
-            if backup is None:
-                answers[pid] = [pid, 0, Applied.NOT_READY]
-                continue
-            if answers.get(pid, [0, 0, Applied.OK])[2] != Applied.OK:
-                continue
-            if stored is None:  # the primary asks where this copy is
-                answers[pid] = [pid, backup.last_applied, Applied.OK]
-                continue
+        status: dict[int, Applied] = {}
+        parts = {}
+        for pid in sorted({item[0] for item in items if item[0] in self._applies}):
             try:
-                if backup.check(epoch, seq):
-                    store.partition(pid).apply_replicated(seq, stored)
-                    backup.applied(seq)
-                    self._tails.setdefault(pid, deque(maxlen=TAIL)).append((seq, stored))
-                status = Applied.OK
-            except StaleEpochError:
-                status = Applied.STALE
-            except ReplicaBehindError:
-                status = Applied.BEHIND
+                parts[pid] = store.partition(pid)
             except RockstateError:  # its copy closed meanwhile (dropped, replaced)
-                status = Applied.NOT_READY
-            except (KeyError, TypeError, ValueError) as e:  # an item of a key or value list that is not bytes
-                raise ProtocolError(f"partition {pid}'s batch {seq} in a 'replica_apply' message: {e}") from None
-            answers[pid] = [pid, backup.last_applied, status]
-        return list(answers.values())
+                status[pid] = Applied.NOT_READY
+        with ExitStack() as held:
+            for pid in sorted(parts):  # in partition order, as a write's: never two holders waiting for each other
+                held.enter_context(parts[pid].lock)
+            writes = ReplicatedWrites(store)
+            for pid, epoch, seq, stored in items:
+                backup = self._applies.get(pid)
+                if backup is None:
+                    status[pid] = Applied.NOT_READY
+                    continue
+                if status.get(pid, Applied.OK) != Applied.OK or stored is None:  # None: the primary asks where it is
+                    status.setdefault(pid, Applied.OK)
+                    continue
+                if pid in writes:
+                    writes.flush()
+                try:
+                    if backup.check(epoch, seq):
+                        writes.add(parts[pid], seq, stored, backup.applied)
+                        self._tails.setdefault(pid, deque(maxlen=TAIL)).append((seq, stored))
+                    status[pid] = Applied.OK
+                except StaleEpochError:
+                    status[pid] = Applied.STALE
+                except ReplicaBehindError:
+                    status[pid] = Applied.BEHIND
+                except RockstateError:  # its copy closed meanwhile (dropped, replaced)
+                    status[pid] = Applied.NOT_READY
+                except (KeyError, TypeError, ValueError) as e:  # an item of a key or value list that is not bytes
+                    raise ProtocolError(f"partition {pid}'s batch {seq} in a 'replica_apply' message: {e}") from None
+            writes.flush()
+        return [[pid, self._applies[pid].last_applied if pid in self._applies else 0, st] for pid, st in status.items()]
 
     async def positions(self, msg: p.ReplicaPositions, conn: object) -> dict:
         return {pid: self._applies[pid].last_applied for pid in msg.partitions if pid in self._applies}

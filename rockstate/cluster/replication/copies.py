@@ -1,8 +1,8 @@
-"""Catch-up of new or returning backups: hard-link copies of partitions on their primary, fetched in one transfer.
+"""Catch-up of new or returning backups: copies of partitions on their primary, fetched in one transfer.
 
 The coordinator sends a backup ``ReplicaCatchUp`` naming several partitions of
 one primary. The backup asks the primary for their copies (``ReplicaCopy``):
-the primary takes each partition's hard-link RocksDB checkpoint under its write
+the primary takes each partition's copy (a snapshot) under its write
 lock, at batch S, and from that instant ships the backup the batches after S
 (``primary.py``). A partition never written (batch 0, no key in any column
 family) needs no files: its copy is an empty store, at batch 0. Every copy's

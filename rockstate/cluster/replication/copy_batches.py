@@ -1,6 +1,6 @@
 """The coordinator's catch-ups, sent in batches: one ``ReplicaCatchUp`` per backup and primary carries every
 partition waiting for a copy between them (up to ``BATCH``), so a start-up, a join or a failover pays one transfer
-per pair of nodes rather than one per partition (a copy costs 0.1-1 s whatever its data: a hard-link snapshot,
+per pair of nodes rather than one per partition (a copy costs 0.1-1 s whatever its data: a snapshot,
 a stream, an open). At most ``limit`` transfers run at once; what arrives while they run waits, and goes together.
 """
 

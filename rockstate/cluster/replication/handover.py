@@ -1,7 +1,7 @@
 """The coordinator's side of a replicated partition's move: ``control/migration.py``'s ``Handover``, carried out.
 
 The target joins as an extra backup and catches up (``in_sync.py``'s
-catch-up, a hard-link copy and the stream), with another one when the old
+catch-up, a copy and the stream), with another one when the old
 primary's departure would leave too few; once the coordinator counts them
 in sync, the source drains (``Drain``: writes wait, and it answers once its
 backups applied everything), the target's position is checked against the

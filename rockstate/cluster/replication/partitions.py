@@ -9,7 +9,7 @@ The path of one replicated write, by module:
    ``ReplicaApply`` at a time, and hands the answers to ``Primaries.answered``, which resolves the writes
    waiting.
 3. ``backup.py`` (``Backups``), on each backup node: applies the batches in order.
-4. ``copies.py`` (``ReplicaCopies``): a new or returning backup's hard-link copy, before it joins the stream.
+4. ``copies.py`` (``ReplicaCopies``): a new or returning backup's copy, before it joins the stream.
 
 Only the coordinator changes the in-sync set. A backup that cannot be reached, or has not applied a batch
 sent ``replica_timeout`` ago, is reported ``unreachable``; the primary still waits for it until the
