@@ -50,7 +50,7 @@ from typing import Iterable, Mapping
 
 from ..errors import CheckpointError, CheckpointInProgressError
 from .manifest import CheckpointMetadata, ManifestRef, PartitionManifest
-from .storage import checkpoint_dir, checkpoint_id_of, manifest_path
+from .storage import checkpoint_dir, checkpoint_id_of, manifest_location
 
 HISTORY = 100
 SWEEP_EVERY = 600.0  # seconds between listings of the storage while no checkpoint aborts
@@ -250,7 +250,7 @@ class CheckpointCoordinator:
         m = manifest if isinstance(manifest, PartitionManifest) else PartitionManifest.from_dict(manifest)
         flight = self.in_flight
         if flight is None or flight.record.checkpoint_id != checkpoint_id:
-            uploaded = [f.path for f in m.files if f.uploaded] + [manifest_path(checkpoint_id, m.partition)]
+            uploaded = [f.path for f in m.files if f.uploaded] + [manifest_location(m)]
             return Discard(checkpoint_id, tuple(uploaded))
         if m.checkpoint_id != checkpoint_id or not 0 <= m.partition < self.partitions:
             raise CheckpointError(f"ack for checkpoint {checkpoint_id} carries the manifest of {m.checkpoint_id}/p{m.partition}")
@@ -260,7 +260,7 @@ class CheckpointCoordinator:
         flight.record.acked = len(flight.manifests)
         if len(flight.manifests) < self.partitions:
             return None
-        refs = [ManifestRef.of(flight.manifests[p], manifest_path(checkpoint_id, p)) for p in range(self.partitions)]
+        refs = [ManifestRef.of(flight.manifests[p], manifest_location(flight.manifests[p])) for p in range(self.partitions)]
         meta = CheckpointMetadata(
             checkpoint_id=checkpoint_id,
             partitions=self.partitions,

@@ -186,6 +186,28 @@ class PartitionManifest:
         return _parse(cls, data, where)
 
 
+def bundle(manifests: Sequence[PartitionManifest]) -> bytes:
+    """Several partitions' manifests in one file, each as its own canonical JSON text, so each keeps the bytes
+    (size, checksum, digest) ``_metadata`` names it by."""
+    return canonical_json({"format": FORMAT, "manifests": {str(m.partition): m.to_json().decode() for m in manifests}})
+
+
+def unbundle(data: bytes, pid: int, where: str) -> bytes:
+    """Partition ``pid``'s manifest bytes out of ``data``: a bundle, or (format 1) the manifest itself."""
+    if not data.startswith(b'{"format"'):
+        return data
+    try:
+        d = json.loads(data)
+        text = d["manifests"][str(pid)] if isinstance(d, dict) and "manifests" in d else None
+    except (ValueError, KeyError, TypeError):
+        raise CorruptCheckpointError(f"{where} is not a bundle of manifests holding p{pid}", path=where) from None
+    if text is None:
+        return data
+    if not isinstance(text, str):
+        raise CorruptCheckpointError(f"{where}: the manifest of p{pid} is not a JSON text", path=where)
+    return text.encode()
+
+
 def _key_group(d: dict) -> KeyGroup | None:
     if d.get("key_group") is None:
         return None

@@ -25,7 +25,7 @@ from typing import Awaitable, Callable, Iterable, Sequence, TypeVar
 
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, UnsafePathError
 from ..names import create_new, inside
-from .manifest import CHUNK, CheckpointMetadata, FileEntry, PartitionManifest, checksum_bytes, checksum_file, digest_bytes
+from .manifest import CHUNK, CheckpointMetadata, FileEntry, PartitionManifest, checksum_bytes, checksum_file, digest_bytes, unbundle
 from .storage import CheckpointStorage, check_base, join, metadata_path
 
 log = logging.getLogger(__name__)
@@ -104,11 +104,18 @@ def load_metadata(storage: CheckpointStorage, checkpoint_id: int, base: str = ""
     return meta
 
 
-def load_manifest(storage: CheckpointStorage, meta: CheckpointMetadata, pid: int, base: str = "") -> PartitionManifest:
-    """A partition's manifest, checked against the size and checksum ``_metadata`` gives it."""
+def load_manifest(storage: CheckpointStorage, meta: CheckpointMetadata, pid: int, base: str = "",
+                  files: dict[str, bytes] | None = None) -> PartitionManifest:
+    """A partition's manifest, checked against the size and checksum ``_metadata`` gives it. ``files``: what was
+    read so far (path -> bytes), so a bundle of many partitions' manifests is read once."""
     ref = meta.manifest_ref(pid)
     rel = join(base, ref.path)
-    data = storage.read_bytes(rel)
+    data = None if files is None else files.get(rel)
+    if data is None:
+        data = storage.read_bytes(rel)
+        if files is not None:
+            files[rel] = data
+    data = unbundle(data, pid, rel)
     if len(data) != ref.size or checksum_bytes(data) != ref.checksum:
         raise CorruptCheckpointError(f"{rel} does not match its size and checksum in _metadata", path=rel)
     if ref.digest and digest_bytes(data) != ref.digest:  # _metadata is signed and names the manifest's SHA-256
@@ -121,7 +128,13 @@ def load_manifest(storage: CheckpointStorage, meta: CheckpointMetadata, pid: int
 
 def load_manifests(storage: CheckpointStorage, meta: CheckpointMetadata, pids: Iterable[int] | None = None, base: str = "") -> dict[int, PartitionManifest]:
     pids = list(range(meta.partitions) if pids is None else pids)
-    return dict(zip(pids, storage.parallel(lambda p: load_manifest(storage, meta, p, base), pids)))
+    files = dict(zip(*_read_each(storage, {join(base, meta.manifest_ref(p).path) for p in pids})))
+    return {pid: load_manifest(storage, meta, pid, base, files) for pid in pids}
+
+
+def _read_each(storage: CheckpointStorage, paths: set[str]) -> tuple[list[str], list[bytes]]:
+    ordered = sorted(paths)
+    return ordered, storage.parallel(storage.read_bytes, ordered)
 
 
 # -- restoring partitions ---------------------------------------------------------------------

@@ -3,7 +3,8 @@
 ::
 
     <root>/<cluster>/shared/<owner>/<sst-stem>-<uuid>.sst  immutable, shared by checkpoints
-    <root>/<cluster>/chk-000123/p0042.json                 partition manifest
+    <root>/<cluster>/chk-000123/<owner>.json               the manifests of the owner's partitions, one bundle
+    <root>/<cluster>/chk-000123/p0042.json                 a partition's manifest (format 1)
     <root>/<cluster>/chk-000123/<owner>/<file>             the owner's private files (MANIFEST, CURRENT, OPTIONS)
 
 ``<owner>``: the store whose RocksDB the files are (``s`` and its id; a format-1 checkpoint's: ``p0042``).
@@ -38,7 +39,7 @@ import fsspec.core
 
 from ..errors import CheckpointPathError, CheckpointStorageError, CorruptCheckpointError
 from ..names import check_base, check_name, create_new  # noqa: F401 -- check_base: restore.py imports it from here
-from .manifest import CHUNK, format_checksum
+from .manifest import CHUNK, PartitionManifest, format_checksum
 
 if TYPE_CHECKING:
     from ..config import CheckpointConfig
@@ -65,6 +66,17 @@ def metadata_path(checkpoint_id: int) -> str:
 
 def manifest_path(checkpoint_id: int, pid: int) -> str:
     return f"{checkpoint_dir(checkpoint_id)}/p{pid:04d}.json"
+
+
+def bundle_path(checkpoint_id: int, owner: str) -> str:
+    """The manifests of every partition of one store's checkpoint, in one file (``manifest_location``)."""
+    return f"{checkpoint_dir(checkpoint_id)}/{owner}.json"
+
+
+def manifest_location(manifest: PartitionManifest) -> str:
+    """Where ``manifest`` is stored: its store's bundle (key groups), or a file of its own (format 1)."""
+    group = manifest.key_group
+    return manifest_path(manifest.checkpoint_id, manifest.partition) if group is None else bundle_path(manifest.checkpoint_id, group.node)
 
 
 def private_path(checkpoint_id: int, owner: str, name: str) -> str:

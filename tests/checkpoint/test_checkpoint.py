@@ -209,7 +209,7 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(kind, what, file_ur
     m2 = load_manifests(storage, load_metadata(storage, c2.id))
     rel = {
         "sst": next(f.path for f in m2[0].files if f.shared and f.uploaded),
-        "manifest": manifest_path(c2.id, 1),
+        "manifest": load_metadata(storage, c2.id).manifest_ref(1).path,  # the store's bundle of manifests
         "private": next(f.path for f in m2[2].files if f.name.startswith("MANIFEST-")),
         "metadata": metadata_path(c2.id),
     }[what]

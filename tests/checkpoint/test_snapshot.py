@@ -6,10 +6,10 @@ import msgpack
 import pytest
 
 from rockstate.checkpoint import snapshot
-from rockstate.checkpoint.manifest import FileEntry, KeyGroup, PartitionManifest
+from rockstate.checkpoint.manifest import FileEntry, KeyGroup, PartitionManifest, unbundle
 from rockstate.checkpoint.restore import restore_partition
 from rockstate.checkpoint.snapshot import Snapshotter, UploadTracker
-from rockstate.checkpoint.storage import manifest_path
+from rockstate.checkpoint.storage import bundle_path
 from rockstate.config import StoreConfig
 from rockstate.errors import CorruptCheckpointError
 from rockstate.store import PUT, StateSpec, Store
@@ -44,7 +44,8 @@ def test_one_snapshot_of_the_store_gives_each_partition_its_key_group_and_restor
     assert m3.files == m5.files and all(f.path.startswith(("shared/sa/", "chk-000001/sa/")) for f in m3.files)
     ack = msgpack.unpackb(msgpack.packb(m3.to_dict()))  # what the node sends the coordinator
     assert PartitionManifest.from_dict(ack) == m3
-    assert storage.read_bytes(manifest_path(1, 3)) == m3.to_json()
+    stored = storage.read_bytes(bundle_path(1, "sa"))  # one file for the store's partitions, each its own bytes
+    assert unbundle(stored, 3, "b") == m3.to_json() and unbundle(stored, 5, "b") == m5.to_json()
     assert m3.uploaded_bytes == m3.size == sum(f.size for f in m3.files) // 2  # each counts its share
 
     other = Store(str(tmp_path / "node-b"), StoreConfig(partitions=8), owned=[])  # a node that does not own p3 yet

@@ -136,7 +136,7 @@ def test_a_manifest_naming_absolute_and_parent_paths_is_refused_and_nothing_is_w
 
     def point_at_it(meta):
         ref = next(m for m in meta["manifests"] if m["partition"] == 0)
-        ref.update(size=len(data), checksum=checksum_bytes(data))
+        ref.update(path=manifest_path(c2.id, 0), size=len(data), checksum=checksum_bytes(data))  # a file of its own
         ref.pop("digest", None)
     _rewrite_metadata(storage, c2.id, point_at_it)
 
