@@ -86,7 +86,7 @@ def _model_of(field: FieldInfo) -> type[Settings]:
 class StoreConfig(Settings):
     """One process's RocksDB store (embedded, or a node's partitions)."""
 
-    partitions: int = Field(128, ge=1, le=65536, description="P: partition count, fixed at creation")
+    partitions: int = Field(271, ge=1, le=65536, description="P: partition count, fixed at creation")
     memory_bytes: int = Field(256 * MiB, ge=8 * MiB, description="block cache of all partitions, which holds their memtables, index and bloom filter blocks too")
     max_key_bytes: int = Field(16 * MiB, ge=1, description="largest encoded key")
     max_value_bytes: int = Field(16 * MiB, ge=1, description="largest encoded value")
@@ -187,7 +187,7 @@ class CoordinatorConfig(Settings):
     port: int = Field(7700, ge=0, le=65535, description="port to listen on (0: any free port)")
     http_port: int | None = Field(None, ge=0, le=65535, description="port of the status page, its JSON API (/api/status) and Prometheus /metrics (None: off; 0: any free port)")
     data_dir: str = Field("./rockstate-coordinator", description="where the table, membership and catalog are kept")
-    partitions: int = Field(128, ge=1, le=65536, description="P, for a new cluster; an existing one keeps its own")
+    partitions: int = Field(271, ge=1, le=65536, description="P, for a new cluster; an existing one keeps its own")
     heartbeat_timeout: float = Field(5.0, gt=0, description="seconds of silence after which a node is dead; a node cut off from the coordinator stops serving after half of it")
     max_concurrent_migrations: int = Field(2, ge=1, description="copies in flight at once: with backup_count 0, partitions moving; with backups, transfers of backup copies, each carrying up to 128 partitions of one primary to one backup (a join or a leave runs up to 64 handovers at once)")
     initial_cluster_size: int = Field(1, ge=1, description="a new cluster assigns its partitions once this many nodes have joined (no moves while the first nodes come up one by one); later joins rebalance at once")

@@ -8,6 +8,7 @@ from typing import Any
 from .api import Rockstate
 from .config import CheckpointConfig, StoreConfig, load, validate
 from .errors import RockstateError
+from .files import read_json
 from .store import StateSpec, Store
 
 
@@ -63,7 +64,7 @@ class EmbeddedBackend:
 
 def open(
     path: str,
-    partitions: int = 128,
+    partitions: int | None = None,
     *,
     config: str | None = None,
     checkpoints: str | CheckpointConfig | None = None,
@@ -76,6 +77,7 @@ def open(
 ) -> Rockstate:
     """Open (or create) an embedded store at ``path``.
 
+    ``partitions``: P of a new store (default 271); an existing store keeps its own (given, it must match).
     ``settings`` are ``StoreConfig`` fields (memory_bytes, max_value_bytes, ...);
     ``config`` a YAML file of them.
 
@@ -90,6 +92,9 @@ def open(
     latest completed checkpoint the storage holds, if any; see
     ``Rockstate.restored``.
     """
+    if partitions is None:  # an existing store's own count (it was fixed at its creation)
+        meta = read_json(os.path.join(path, "STORE.json"))
+        partitions = meta.get("partitions") if isinstance(meta, dict) else None
     cfg = load(StoreConfig, config, partitions=partitions, **settings)
     ckpt_cfg = _checkpoint_config(checkpoints, storage_options, retained_checkpoints, checkpoint_interval, cluster)
     if ckpt_cfg is None and restore_from is not None:
