@@ -13,7 +13,7 @@ import pytest
 from rocksdict import Options, Rdict
 
 from rockstate.config import StoreConfig
-from rockstate.errors import PartitionUnavailableError
+from rockstate.errors import PartitionUnavailableError, ProtocolError
 from rockstate.store import PUT, PUT_MANY, StateSpec, Store
 
 KEYS = [b"k%05d" % i for i in range(2000)]
@@ -125,3 +125,27 @@ def test_the_trash_is_emptied_when_the_store_opens_after_a_crash_mid_removal(tmp
     finally:
         store.close()
     shutil.rmtree(path)
+
+
+def test_a_copy_holding_another_partitions_keys_is_refused_and_changes_nothing(tmp_path):
+    """A move's or a backup's copy comes from another node: its SST files' key range is checked before they go in."""
+    store = Store(str(tmp_path / "s"), StoreConfig(partitions=4))
+    other = Store(str(tmp_path / "o"), StoreConfig(partitions=4))
+    try:
+        for s in (store, other):
+            s.define_state(StateSpec("s", "value"))
+        fill(store, 1)
+        store.write(2, [(PUT, "s", b"mine", b"kept")])
+        other.write(1, [(PUT, "s", b"k00000", b"planted")])
+        other.partition(1).export_copy(str(tmp_path / "copy"))  # partition 1's keys, offered as partition 2's
+        with pytest.raises(ProtocolError, match="keys of another partition"):
+            store.replace_partitions({2: (str(tmp_path / "copy"), 2)})
+        store.open_partition(2)  # closed for the copy that failed: what it held is still there
+        assert store.get_many(1, "s", [KEYS[0]]) == [b"v" * 100]
+        assert store.get_many(2, "s", [b"mine"]) == [b"kept"]
+        other.partition(1).export_copy(str(tmp_path / "good"))
+        store.replace_partitions({1: (str(tmp_path / "good"), 1)})  # the same copy as partition 1's: taken whole
+        assert store.get_many(1, "s", [KEYS[0], KEYS[1]]) == [b"planted", None]
+    finally:
+        store.close()
+        other.close()

@@ -70,7 +70,7 @@ def test_the_copy_a_move_or_checkpoint_takes_holds_the_ids_and_a_move_hands_over
     handed_over = part.take_recorded()
     other = Store(str(tmp_path / "other"), StoreConfig(partitions=store.partitions), owned=[])
     try:
-        other.replace_partitions({0: str(tmp_path / "copy")}, {n: s.to_dict() for n, s in store.specs.items()})
+        other.replace_partitions({0: (str(tmp_path / "copy"), 0)}, {n: s.to_dict() for n, s in store.specs.items()})
         copy = other.partition(0)
         copy.write(handed_over)
         for request, item in ((before, "before"), (after, "after")):

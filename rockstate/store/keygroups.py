@@ -6,9 +6,9 @@ partitions a process holds: one WAL, one set of memtables, one MANIFEST (``bench
 layouts: at P=271 a DB per partition took 1.08 s to create a node's share, a DB with key groups 0.01 s).
 
 A partition leaves by a range deletion over every family (``drop``), and arrives from a *copy*: a
-standalone RocksDB of that partition alone, keys without the prefix, a column family per state -- what
-``export`` writes and what a move, a backup copy or an older checkpoint holds -- or from a key-group
-RocksDB (a node's checkpoint) by its range (``source_pid``). ``import_copies`` reads the copy within that
+key-group RocksDB holding it (what ``export`` writes for a move or a backup copy: that key group alone;
+a node's checkpoint: all of its key groups), taken by its range (``source_pid``), or a RocksDB of that
+partition alone, keys without a prefix (a partition folder of the earlier layout, or of its checkpoints). ``import_copies`` reads the copy within that
 range only, so a copy from outside cannot reach another partition's keys, writes the range as SST files
 and ingests them after deleting what the partition held.
 """
@@ -19,16 +19,19 @@ import os
 import shutil
 import struct
 import threading
+from collections import deque
 from contextlib import nullcontext
-from itertools import islice
 from typing import Any, Callable, Iterable, Iterator
 
 from rocksdict import AccessType, Checkpoint, IngestExternalFileOptions, Options, Rdict, ReadOptions, SstFileWriter
 
+from ..errors import ProtocolError
+from .catalog import check_name
 from .resources import Resources
 
 _PREFIX = struct.Struct(">I")
 PREFIX_BYTES = _PREFIX.size
+SST = ".sst"
 
 
 def prefix(pid: int) -> bytes:
@@ -93,67 +96,64 @@ class NodeDB:
         return {name: family.snapshot() for name, family in self.families.items()}
 
     def export(self, pid: int, snapshots: dict[str, Any], target: str) -> None:
-        """The partition as of ``snapshots``, as a standalone RocksDB at ``target`` (keys without the prefix)."""
+        """The partition as of ``snapshots``, as SST files at ``target``, ``<state>.sst`` each, keys with their
+        prefix (no RocksDB: ``import_copy`` checks their range and ingests them as they are)."""
         start, end = bounds(pid)
         os.makedirs(target)
-        ssts = {}
         for name, snap in snapshots.items():
-            read = ReadOptions()
-            read.set_iterate_upper_bound(end)
-            path = os.path.join(target, f"import-{name}.sst")
-            if _write_sst(self._resources.options(), path, ((k[PREFIX_BYTES:], v) for k, v in snap.items(from_key=start, read_opt=read))):
-                ssts[name] = path
-        copy = Rdict(target, self._resources.options(), column_families={n: self._resources.options() for n in snapshots})
-        try:
-            for name, path in ssts.items():
-                copy.get_column_family(name).ingest_external_file([path], _moving())
-        finally:
-            copy.close()
+            _write_sst(self._resources.options(), os.path.join(target, name + SST),
+                       snap.keys(from_key=start, read_opt=_upto(end)), snap.values(from_key=start, read_opt=_upto(end)))
 
     def import_copy(self, pid: int, copy: str, source_pid: int | None = None,
                     replace: bool = True, locked: Callable[[], Any] | None = None) -> list[str]:
-        """Partition ``pid`` becomes what the RocksDB at ``copy`` holds: all of it, or with ``source_pid`` the range
-        of that partition in a key-group RocksDB. ``replace=False`` adds to what is there (a bulk load).
-        ``locked()``: a context manager held while the SSTs go in (the partition's lock). Answers the copy's states."""
-        if not os.path.exists(os.path.join(copy, "CURRENT")):  # a copy of a partition never written: no files
-            with locked() if locked is not None else nullcontext():
-                if replace:
-                    self.drop(pid)
-            return []
-        opts = self._resources.options()
-        opts.create_if_missing(False)
-        source = Rdict(copy, opts, column_families={n: self._resources.options() for n in Rdict.list_cf(copy, opts) if n != "default"},
-                       access_type=AccessType.read_only())
+        """Partition ``pid`` becomes the copy at ``copy``: an ``export``'s SST files (``source_pid``: the partition
+        they hold), the range of ``source_pid`` in a key-group RocksDB (a node's checkpoint), or a whole RocksDB
+        of one partition, keys without a prefix (``source_pid`` None: the earlier layout). ``replace=False`` adds
+        to what is there (a bulk load). ``locked()``: a context manager held while the SSTs go in (the
+        partition's lock). Answers the copy's states."""
+        staging = copy.rstrip("/") + ".import"
+        shutil.rmtree(staging, ignore_errors=True)
+        os.makedirs(staging)
         try:
-            names = [n for n in Rdict.list_cf(copy, opts) if n != "default"]
-            lo, hi = (b"", None) if source_pid is None else bounds(source_pid)
-            base = prefix(pid)
-            staging = copy.rstrip("/") + ".import"
-            shutil.rmtree(staging, ignore_errors=True)
-            os.makedirs(staging)
-            ssts: dict[str, str] = {}
-            cut = len(lo)
-            for name in names:
-                read = ReadOptions()
-                if hi is not None:
-                    read.set_iterate_upper_bound(hi)
-                rows: Any = source.get_column_family(name).items(from_key=lo, read_opt=read)
-                path = os.path.join(staging, f"{name}.sst")
-                if _write_sst(self._resources.options(), path, ((base + k[cut:], v) for k, v in rows)):
-                    ssts[name] = path
-        finally:
-            source.close()
-        try:
-            for name in names:
+            if os.path.exists(os.path.join(copy, "CURRENT")):
+                ssts = self._rewrite(pid, copy, source_pid, staging)
+            else:
+                ssts = _checked(copy, source_pid if source_pid is not None else pid, staging)
+            for name in ssts:
                 self.ensure(name)
             with locked() if locked is not None else nullcontext():
                 if replace:
                     self.drop(pid)
                 for name, path in ssts.items():
-                    self.families[name].ingest_external_file([path], _moving())
+                    if path:
+                        self.families[name].ingest_external_file([path], _moving())
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        return names
+        return list(ssts)
+
+    def _rewrite(self, pid: int, copy: str, source_pid: int | None, staging: str) -> dict[str, str]:
+        """The RocksDB at ``copy``'s range of ``source_pid`` (all of it: None) as SST files behind ``pid``'s prefix."""
+        opts = self._resources.options()
+        opts.create_if_missing(False)
+        names = [n for n in Rdict.list_cf(copy, opts) if n != "default"]
+        source = Rdict(copy, opts, column_families={n: self._resources.options() for n in names}, access_type=AccessType.read_only())
+        try:
+            lo, hi = (b"", None) if source_pid is None else bounds(source_pid)
+            again: Callable[[bytes], bytes] | None = None  # keys as they are when the copy's prefix is ours
+            if source_pid is None:  # a copy without prefixes: ours in front
+                again = prefix(pid).__add__
+            elif source_pid != pid:
+                again = lambda key, base=prefix(pid): base + key[PREFIX_BYTES:]  # noqa: E731
+            ssts = {}
+            for name in names:  # within the range only: a copy from outside never reaches another partition's keys
+                family = source.get_column_family(name)
+                keys: Any = family.keys(from_key=lo, read_opt=_upto(hi))
+                path = os.path.join(staging, name + SST)
+                ssts[name] = path if _write_sst(self._resources.options(), path, keys if again is None else map(again, keys),
+                                                family.values(from_key=lo, read_opt=_upto(hi))) else ""
+            return ssts
+        finally:
+            source.close()
 
     def checkpoint(self, target: str) -> None:
         Checkpoint(self.db).create_checkpoint(target)
@@ -165,20 +165,51 @@ class NodeDB:
         self.db.close()
 
 
-def _write_sst(opts: Options, path: str, rows: Iterator[tuple[bytes, bytes]] | Any) -> bool:
-    """``rows`` (in key order) as an SST file at ``path``; False (no file) when there are none."""
-    rows = iter(rows)
-    first = list(islice(rows, 1))
-    if not first:
+def _write_sst(opts: Options, path: str, keys: Iterator[bytes], values: Iterator[bytes]) -> bool:
+    """``keys`` (in order) with ``values`` as an SST file at ``path``; False (no file) when there are none. The
+    rows go in through ``map`` (a C loop: a Python one was the export's main cost)."""
+    keys = iter(keys)
+    first = next(keys, None)
+    if first is None:
         return False
+    values = iter(values)
     writer = SstFileWriter(opts)
     writer.open(path)
-    for key, value in first:
-        writer[key] = value
-    for key, value in rows:
-        writer[key] = value
+    writer[first] = next(values)
+    deque(map(writer.__setitem__, keys, values), maxlen=0)
     writer.finish()
     return True
+
+
+def _checked(copy: str, pid: int, staging: str) -> dict[str, str]:
+    """An export's SST files, each ingested first into a RocksDB of its own at ``staging``, which reads the file's
+    first and last keys: one outside ``pid``'s range refuses the copy (a copy from another node never reaches
+    another partition's keys). Answers {state: the file, in ``staging``}."""
+    start, end = bounds(pid)
+    files = sorted(n for n in os.listdir(copy) if n.endswith(SST))
+    ssts = {}
+    for i, file in enumerate(files):
+        name = check_name(file[:-len(SST)], "state", internal=True)
+        opts = Options(raw_mode=True)
+        opts.create_if_missing(True)
+        scratch = os.path.join(staging, str(i))
+        db = Rdict(scratch, opts)
+        try:
+            db.ingest_external_file([os.path.join(copy, file)], _moving())
+            [live] = db.live_files()
+        finally:
+            db.close()
+        if not (start <= live["start_key"] and live["end_key"] < end):
+            raise ProtocolError(f"the copy of partition {pid} holds keys of another partition ({file}): refused")
+        ssts[name] = os.path.join(scratch, live["name"].lstrip("/"))
+    return ssts
+
+
+def _upto(end: bytes | None) -> ReadOptions:
+    read = ReadOptions()
+    if end is not None:
+        read.set_iterate_upper_bound(end)
+    return read
 
 
 def _moving() -> IngestExternalFileOptions:

@@ -51,7 +51,7 @@ class MoveTarget:
 
     def install(self, pid: int) -> None:
         """The fetched copy becomes the (not yet served) partition (blocking)."""
-        self.store.replace_partitions({pid: self.dir(pid)})
+        self.store.replace_partitions({pid: (self.dir(pid), pid)})  # the source's export: its key group
 
     def apply(self, pid: int, delta: list) -> None:
         if delta:

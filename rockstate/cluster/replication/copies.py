@@ -178,7 +178,7 @@ class ReplicaCopies:
             await self._peer(source).stream(p.ReplicaCopy(partitions=pids, node=me, epochs=[epochs[pid] for pid in pids]),
                                             receive, timeout=600.0)
             steps.append(time.perf_counter())
-            keep = {pid: targets[pid] for pid in got if pid not in self._cancelled}
+            keep = {pid: (targets[pid], pid) for pid in got if pid not in self._cancelled}  # the primary's exports
             await asyncio.to_thread(store.replace_partitions, keep)
             steps.append(time.perf_counter())
             copied = {}
