@@ -149,3 +149,25 @@ def test_a_copy_holding_another_partitions_keys_is_refused_and_changes_nothing(t
     finally:
         store.close()
         other.close()
+
+
+def test_a_copy_holds_exactly_the_writes_before_it_and_a_move_records_the_rest(tmp_path):
+    """The copy's cut is taken under the partition's lock; it is written out after, while writes go on: none of
+    those may be in it (a backup would apply them again from the stream: an append twice)."""
+    store = Store(str(tmp_path / "s"), StoreConfig(partitions=4))
+    other = Store(str(tmp_path / "o"), StoreConfig(partitions=4), owned=[])
+    try:
+        store.define_state(StateSpec("s", "value"))
+        fill(store, 1)
+        part = store.partition(1)
+        with part.lock:  # the copy's cut, as export_copy takes it
+            cut = part.node_db.snapshots(1)
+        store.write(1, [(PUT_MANY, "s", KEYS[:10], [b"after"] * 10), (PUT, "s", b"new", b"after")])
+        store.db.flush()
+        part.node_db.export(cut, str(tmp_path / "copy"))
+        other.replace_partitions({1: (str(tmp_path / "copy"), 1)}, {"s": {"name": "s", "kind": "value"}})
+        assert other.get_many(1, "s", [KEYS[0], KEYS[-1], b"new"]) == [b"v" * 100, b"v" * 100, None]
+        assert store.scan(1, "s", limit=1) == [(KEYS[0], b"after")]
+    finally:
+        store.close()
+        other.close()

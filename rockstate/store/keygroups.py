@@ -15,6 +15,7 @@ and ingests them after deleting what the partition held.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import struct
@@ -31,7 +32,7 @@ from .resources import Resources
 
 _PREFIX = struct.Struct(">I")
 PREFIX_BYTES = _PREFIX.size
-SST = ".sst"
+SST, STATES = ".sst", "states.json"  # an export's files
 
 
 def prefix(pid: int) -> bytes:
@@ -91,18 +92,27 @@ class NodeDB:
 
     # -- copies --------------------------------------------------------------------
 
-    def snapshots(self, pid: int) -> dict[str, Any]:
-        """A snapshot of each family, for ``export`` (taken under the partition's lock: one cut of its writes)."""
-        return {name: family.snapshot() for name, family in self.families.items()}
-
-    def export(self, pid: int, snapshots: dict[str, Any], target: str) -> None:
-        """The partition as of ``snapshots``, as SST files at ``target``, ``<state>.sst`` each, keys with their
-        prefix (no RocksDB: ``import_copy`` checks their range and ingests them as they are)."""
+    def snapshots(self, pid: int) -> dict[str, tuple[Any, Any, ReadOptions]]:
+        """The partition's keys and values in each family, as iterators, for ``export``: taken under the
+        partition's lock, they are one cut of its writes (a RocksDB iterator reads as of its creation; rocksdict's
+        ``Snapshot`` iterators do not: they read the latest data, which put writes made after a copy's position
+        into the copy, and a backup applied them twice)."""
         start, end = bounds(pid)
+        read = _upto(end)  # kept with the iterators: they read its bound while they run (freed, it bound nothing)
+        return {name: (family.keys(from_key=start, read_opt=read), family.values(from_key=start, read_opt=read), read)
+                for name, family in self.families.items()}
+
+    def export(self, snapshots: dict[str, tuple[Any, Any, ReadOptions]], target: str) -> None:
+        """The partition as of ``snapshots``, as SST files at ``target`` (``0000.sst``..., keys with their prefix)
+        and ``states.json``, the state of each (no RocksDB: ``import_copy`` checks their range and ingests them as
+        they are)."""
         os.makedirs(target)
-        for name, snap in snapshots.items():
-            _write_sst(self._resources.options(), os.path.join(target, name + SST),
-                       snap.keys(from_key=start, read_opt=_upto(end)), snap.values(from_key=start, read_opt=_upto(end)))
+        states: list[str] = []
+        for name, (keys, values, _) in snapshots.items():
+            if _write_sst(self._resources.options(), os.path.join(target, f"{len(states):04d}{SST}"), keys, values):
+                states.append(name)
+        with open(os.path.join(target, STATES), "w") as f:
+            json.dump(states, f)
 
     def import_copy(self, pid: int, copy: str, source_pid: int | None = None,
                     replace: bool = True, locked: Callable[[], Any] | None = None) -> list[str]:
@@ -146,11 +156,11 @@ class NodeDB:
                 again = lambda key, base=prefix(pid): base + key[PREFIX_BYTES:]  # noqa: E731
             ssts = {}
             for name in names:  # within the range only: a copy from outside never reaches another partition's keys
-                family = source.get_column_family(name)
-                keys: Any = family.keys(from_key=lo, read_opt=_upto(hi))
+                family, read = source.get_column_family(name), _upto(hi)  # read: alive while the iterators run
+                keys: Any = family.keys(from_key=lo, read_opt=read)
                 path = os.path.join(staging, name + SST)
                 ssts[name] = path if _write_sst(self._resources.options(), path, keys if again is None else map(again, keys),
-                                                family.values(from_key=lo, read_opt=_upto(hi))) else ""
+                                                family.values(from_key=lo, read_opt=read)) else ""
             return ssts
         finally:
             source.close()
@@ -186,10 +196,18 @@ def _checked(copy: str, pid: int, staging: str) -> dict[str, str]:
     first and last keys: one outside ``pid``'s range refuses the copy (a copy from another node never reaches
     another partition's keys). Answers {state: the file, in ``staging``}."""
     start, end = bounds(pid)
-    files = sorted(n for n in os.listdir(copy) if n.endswith(SST))
+    try:
+        with open(os.path.join(copy, STATES)) as f:
+            states = json.load(f)
+    except FileNotFoundError:  # a partition never written: no files
+        return {}
+    except ValueError:
+        raise ProtocolError(f"the copy of partition {pid} has no readable {STATES}") from None
+    if not isinstance(states, list):
+        raise ProtocolError(f"the copy of partition {pid}: {STATES} is not a list of states")
     ssts = {}
-    for i, file in enumerate(files):
-        name = check_name(file[:-len(SST)], "state", internal=True)
+    for i, state in enumerate(states):
+        name, file = check_name(state, "state", internal=True), f"{i:04d}{SST}"
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
         scratch = os.path.join(staging, str(i))
@@ -197,6 +215,8 @@ def _checked(copy: str, pid: int, staging: str) -> dict[str, str]:
         try:
             db.ingest_external_file([os.path.join(copy, file)], _moving())
             [live] = db.live_files()
+        except Exception as e:  # noqa: BLE001 -- missing, or not an SST file: RocksDB says which
+            raise ProtocolError(f"the copy of partition {pid}: {file} for state {name!r} cannot be read ({e})") from None
         finally:
             db.close()
         if not (start <= live["start_key"] and live["end_key"] < end):

@@ -226,7 +226,7 @@ class Partition:
             if then is not None:
                 then()
             pause = time.perf_counter() - start
-        node_db.export(self.pid, snapshots, target)
+        node_db.export(snapshots, target)
         return pause
 
     def empty(self) -> bool:
