@@ -92,7 +92,7 @@ class StoreConfig(Settings):
     max_value_bytes: int = Field(16 * MiB, ge=1, description="largest encoded value")
     ttl_sweep_interval: float = Field(60.0, gt=0, description="seconds between background removals of expired entries")
     request_window: float = Field(300.0, gt=0, description="seconds a write's request id is kept (see store/requests.py), so a client's retry of it is not applied twice; longer than any client's retry_timeout")
-    max_open_files: int = Field(64, ge=-1, description="per partition; -1 keeps every file open")
+    max_open_files: int = Field(64, ge=-1, description="SST files the node's RocksDB keeps open; -1 keeps every file open")
 
 
 M = TypeVar("M", bound=Settings)

@@ -90,7 +90,7 @@ def test_coordinator_exports_membership_partitions_moves_and_checkpoints(scraped
     for name in ("rockstate_coordinator_members", "rockstate_coordinator_failovers_pending", "rockstate_pipeline_batch_seconds_bucket"):
         assert name in coordinator
     assert coordinator["rockstate_coordinator_loop_lag_seconds_count"] > 0  # the loop was sampled while it served
-    assert 0 < coordinator["rockstate_coordinator_loop_lag_max_seconds"] < 30
+    assert 0 <= coordinator["rockstate_coordinator_loop_lag_max_seconds"] < 30  # whole milliseconds: may be 0
 
 
 def test_node_exports_rocksdb_disk_and_process_figures(scraped):
@@ -100,7 +100,9 @@ def test_node_exports_rocksdb_disk_and_process_figures(scraped):
     assert node["rockstate_node_disk_used_bytes"] > 0 and node["rockstate_node_disk_free_bytes"] > 0
     assert node["rockstate_node_partitions"] >= 1
     assert node["process_resident_memory_bytes"] > 0 and node["process_open_fds"] > 0
-    assert node["rockstate_node_loop_lag_seconds_count"] > 0 and 0 < node["rockstate_node_loop_lag_max_seconds"] < 30
+    # sampled; the worst may be 0: uvloop's clock counts whole milliseconds, and a node opening no RocksDB per
+    # partition any more may never be a millisecond late
+    assert node["rockstate_node_loop_lag_seconds_count"] > 0 and 0 <= node["rockstate_node_loop_lag_max_seconds"] < 30
     for name in ("rockstate_node_rocksdb_memtable_bytes", "rockstate_node_rocksdb_pending_compaction_bytes",
                  "rockstate_node_rocksdb_sst_bytes", "rockstate_node_rocksdb_write_stalls", "rockstate_node_request_seconds_bucket"):
         assert name in node
