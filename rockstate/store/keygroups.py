@@ -5,12 +5,17 @@ state shared by all partitions. So the cost of a write, an open or a checkpoint 
 partitions a process holds: one WAL, one set of memtables, one MANIFEST (``bench/shared_db.py`` measured the
 layouts: at P=271 a DB per partition took 1.08 s to create a node's share, a DB with key groups 0.01 s).
 
-A partition leaves by a range deletion over every family (``drop``), and arrives from a *copy*: a
-key-group RocksDB holding it (what ``export`` writes for a move or a backup copy: that key group alone;
-a node's checkpoint: all of its key groups), taken by its range (``source_pid``), or a RocksDB of that
-partition alone, keys without a prefix (a partition folder of the earlier layout, or of its checkpoints). ``import_copies`` reads the copy within that
-range only, so a copy from outside cannot reach another partition's keys, writes the range as SST files
-and ingests them after deleting what the partition held.
+A partition leaves by a range deletion over every family (``drop``), and arrives from a *copy*
+(``import_copy``), which never reaches another partition's keys:
+
+- a move's or a backup's copy, what ``export`` writes: one SST file per state, keys with their prefix. Each file
+  is ingested into a scratch RocksDB, which reads its real first and last keys; one outside the partition refuses
+  the copy; the files then go in as they are.
+- a node's checkpoint (a key-group RocksDB), or a partition folder of the earlier layout and its checkpoints (a
+  RocksDB of one partition, keys without a prefix): read within the partition's range and written as SST files
+  behind its prefix.
+
+Either way the SST files are ingested after a range deletion of what the partition held.
 """
 
 from __future__ import annotations
