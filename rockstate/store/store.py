@@ -151,7 +151,7 @@ class Store:
             try:
                 old = self.partition_path(pid)
                 if os.path.exists(os.path.join(old, "CURRENT")):
-                    self._import({pid: (old, None)}, replace=True)
+                    self.db.import_copies({pid: (old, None)})
                     self._trash.discard(old)
                 part = Partition(pid, self.db, self.specs)
                 with self._mutex:
@@ -211,12 +211,8 @@ class Store:
             with self._mutex:  # the specs dict is shared with the open partitions: update it in place
                 self.specs.update({name: StateSpec.from_dict(data) for name, data in states.items()})
                 write_json(self._catalog_path, {n: s.to_dict() for n, s in self.specs.items()})
-        self._import({pid: (d, None) if isinstance(d, str) else d for pid, d in dirs.items()}, replace=True)
+        self.db.import_copies({pid: (d, None) if isinstance(d, str) else d for pid, d in dirs.items()})
         self.open_partitions(dirs)
-
-    def _import(self, copies: dict[int, tuple[str, int | None]], replace: bool) -> None:
-        for pid, (path, source) in copies.items():
-            self.db.import_copy(pid, path, source, replace)
 
     # -- operations (the node serves these per partition) ----------------
 
