@@ -140,9 +140,22 @@ def test_a_copy_holding_another_partitions_keys_is_refused_and_changes_nothing(t
         other.partition(1).export_copy(str(tmp_path / "copy"))  # partition 1's keys, offered as partition 2's
         with pytest.raises(ProtocolError, match="keys of another partition"):
             store.replace_partitions({2: (str(tmp_path / "copy"), 2)})
-        store.open_partition(2)  # closed for the copy that failed: what it held is still there
-        assert store.get_many(1, "s", [KEYS[0]]) == [b"v" * 100]
+        other.partition(1).export_copy(str(tmp_path / "good"))
+        other.partition(1).export_copy(str(tmp_path / "copy2"))  # (a refused copy's files are used up)
+        # in a batch (a join's transfer) beside partition 1's own copy: both claim partition 1's range, all refused
+        with pytest.raises(ProtocolError, match="keys of another partition"):
+            store.replace_partitions({1: (str(tmp_path / "good"), 1), 2: (str(tmp_path / "copy2"), 2)})
+        store.open_partitions([1, 2])  # closed for the copies that failed: what they held is still there
+        assert store.get_many(1, "s", [KEYS[0], KEYS[1]]) == [b"v" * 100, b"v" * 100]
         assert store.get_many(2, "s", [b"mine"]) == [b"kept"]
+        shutil.rmtree(tmp_path / "good")
+        other.partition(1).export_copy(str(tmp_path / "good"))
+        os.rename(tmp_path / "good" / "0000.sst", tmp_path / "good" / "x")  # a file its states.json names is missing
+        with pytest.raises(ProtocolError, match="cannot be read"):
+            store.replace_partitions({1: (str(tmp_path / "good"), 1)})
+        store.open_partition(1)
+        assert store.get_many(1, "s", [KEYS[0]]) == [b"v" * 100]
+        shutil.rmtree(tmp_path / "good")
         other.partition(1).export_copy(str(tmp_path / "good"))
         store.replace_partitions({1: (str(tmp_path / "good"), 1)})  # the same copy as partition 1's: taken whole
         assert store.get_many(1, "s", [KEYS[0], KEYS[1]]) == [b"planted", None]

@@ -135,7 +135,7 @@ class SstIngestor:
                 yield
 
         try:
-            store.db.import_copies({pid: (copy, pid)}, replace=False, locked=locked)
+            store.db.import_copies({pid: (copy, None)}, replace=False, locked=locked)
         finally:
             shutil.rmtree(copy, ignore_errors=True)
         return size
