@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 from ..errors import CheckpointError, CheckpointInProgressError
-from .manifest import CheckpointMetadata, ManifestRef, PartitionManifest
+from .manifest import CheckpointMetadata, ManifestRef, PartitionManifest, group_bytes
 from .storage import checkpoint_dir, checkpoint_id_of, manifest_location
 
 HISTORY = 100
@@ -260,11 +260,10 @@ class CheckpointCoordinator:
         flight.record.acked = len(flight.manifests)
         if len(flight.manifests) < self.partitions:
             return None
-        refs = [ManifestRef.of(flight.manifests[p], manifest_location(flight.manifests[p])) for p in range(self.partitions)]
         meta = CheckpointMetadata(
             checkpoint_id=checkpoint_id,
             partitions=self.partitions,
-            manifests=refs,
+            manifests=_refs([flight.manifests[p] for p in range(self.partitions)]),
             states=flight.states,
             created_at=flight.record.started_at,
             duration=now - flight.record.started_at,
@@ -372,3 +371,15 @@ def plan_sweep(listed: Iterable[str], retained: Mapping[int, Iterable[str]], in_
         elif path.startswith("shared/") and path not in keep:
             out.append(path)
     return out
+
+
+def _refs(manifests: list[PartitionManifest]) -> list[ManifestRef]:
+    """How ``_metadata`` names each manifest: by the file it is stored in, a group's bytes made once for all of its
+    partitions."""
+    groups: dict[str, list[PartitionManifest]] = {}
+    for m in manifests:
+        groups.setdefault(manifest_location(m), []).append(m)
+    stored = {path: group_bytes(ms) if ms[0].key_group is not None and ms[0].format >= 3 else None  # (2: a bundle)
+              for path, ms in groups.items()}
+    return [ManifestRef.of(m, path, stored[path]) for m in manifests for path in (manifest_location(m),)]
+

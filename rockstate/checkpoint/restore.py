@@ -16,6 +16,7 @@ A checkpoint without ``_metadata`` was never completed and is never used.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import shutil
@@ -25,7 +26,8 @@ from typing import Awaitable, Callable, Iterable, Sequence, TypeVar
 
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, UnsafePathError
 from ..names import create_new, inside
-from .manifest import CHUNK, CheckpointMetadata, FileEntry, PartitionManifest, checksum_bytes, checksum_file, digest_bytes, unbundle
+from .manifest import (CHUNK, CheckpointMetadata, FileEntry, ManifestRef, PartitionManifest, checksum_bytes, checksum_file, digest_bytes,
+                       from_group, is_group, unbundle)
 from .storage import CheckpointStorage, check_base, join, metadata_path
 
 log = logging.getLogger(__name__)
@@ -104,32 +106,57 @@ def load_metadata(storage: CheckpointStorage, checkpoint_id: int, base: str = ""
     return meta
 
 
-def load_manifest(storage: CheckpointStorage, meta: CheckpointMetadata, pid: int, base: str = "",
-                  files: dict[str, bytes] | None = None) -> PartitionManifest:
-    """A partition's manifest, checked against the size and checksum ``_metadata`` gives it. ``files``: what was
-    read so far (path -> bytes), so a bundle of many partitions' manifests is read once."""
-    ref = meta.manifest_ref(pid)
-    rel = join(base, ref.path)
-    data = None if files is None else files.get(rel)
-    if data is None:
-        data = storage.read_bytes(rel)
-        if files is not None:
-            files[rel] = data
-    data = unbundle(data, pid, rel)
+def load_manifest(storage: CheckpointStorage, meta: CheckpointMetadata, pid: int, base: str = "") -> PartitionManifest:
+    """A partition's manifest, checked against the size, checksum and SHA-256 ``_metadata`` gives it."""
+    return load_manifests(storage, meta, [pid], base)[pid]
+
+
+def load_manifests(storage: CheckpointStorage, meta: CheckpointMetadata, pids: Iterable[int] | None = None, base: str = "") -> dict[int, PartitionManifest]:
+    """The partitions' manifests, each file read, checked and parsed once (a group holds a process's partitions)."""
+    pids = list(range(meta.partitions) if pids is None else pids)
+    files = dict(zip(*_read_each(storage, {join(base, meta.manifest_ref(p).path) for p in pids})))
+    groups: dict[str, dict[int, PartitionManifest]] = {}  # a group's file -> its manifests, checked
+    out = {}
+    for pid in pids:
+        ref = meta.manifest_ref(pid)
+        rel = join(base, ref.path)
+        if rel not in groups:
+            groups[rel] = _group(files[rel], ref, rel)
+        group = groups[rel]
+        if group and pid not in group:
+            raise CorruptCheckpointError(f"{rel} holds no manifest of p{pid}", path=rel)
+        manifest = group[pid] if group else _single(files[rel], ref, pid, rel)
+        if (manifest.partition, manifest.checkpoint_id) != (pid, meta.checkpoint_id):
+            raise CorruptCheckpointError(f"{rel} is the manifest of p{manifest.partition} in checkpoint {manifest.checkpoint_id}", path=rel)
+        out[pid] = manifest
+    return out
+
+
+def _checked(data: bytes, ref: ManifestRef, rel: str) -> bytes:
     if len(data) != ref.size or checksum_bytes(data) != ref.checksum:
         raise CorruptCheckpointError(f"{rel} does not match its size and checksum in _metadata", path=rel)
     if ref.digest and digest_bytes(data) != ref.digest:  # _metadata is signed and names the manifest's SHA-256
         raise CorruptCheckpointError(f"{rel} does not match its SHA-256 in _metadata", path=rel)
-    manifest = PartitionManifest.from_json(data, rel)
-    if (manifest.partition, manifest.checkpoint_id) != (pid, meta.checkpoint_id):
-        raise CorruptCheckpointError(f"{rel} is the manifest of p{manifest.partition} in checkpoint {manifest.checkpoint_id}", path=rel)
-    return manifest
+    return data
 
 
-def load_manifests(storage: CheckpointStorage, meta: CheckpointMetadata, pids: Iterable[int] | None = None, base: str = "") -> dict[int, PartitionManifest]:
-    pids = list(range(meta.partitions) if pids is None else pids)
-    files = dict(zip(*_read_each(storage, {join(base, meta.manifest_ref(p).path) for p in pids})))
-    return {pid: load_manifest(storage, meta, pid, base, files) for pid in pids}
+def _group(data: bytes, ref: ManifestRef, rel: str) -> dict[int, PartitionManifest]:
+    """The manifests of a group (format 3), checked whole; none: the file is another kind."""
+    if not data.startswith(b'{"async_seconds"') or b'"partitions":[' not in data:  # (canonical JSON: keys in order)
+        return {}
+    _checked(data, ref, rel)
+    try:
+        d = json.loads(data)
+        return {m.partition: m for m in from_group(d)} if is_group(d) else {}
+    except CorruptCheckpointError:
+        raise
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptCheckpointError(f"{rel} is unreadable: {type(exc).__name__}: {exc}", path=rel) from None
+
+
+def _single(data: bytes, ref: ManifestRef, pid: int, rel: str) -> PartitionManifest:
+    """One partition's manifest: the file itself (format 1), or its text in a bundle (format 2)."""
+    return PartitionManifest.from_json(_checked(unbundle(data, pid, rel), ref, rel), rel)
 
 
 def _read_each(storage: CheckpointStorage, paths: set[str]) -> tuple[list[str], list[bytes]]:

@@ -14,8 +14,9 @@ Async phase (``async_phase``): upload the SST files the storage does not hold
 yet, under unique names (``shared/<owner>/000012-<uuid>.sst``, ``owner`` the
 store's id), then the private files (CURRENT, MANIFEST-*, OPTIONS-*), then a
 manifest per partition -- the process's files, and the partition's key group
-in them (``PartitionManifest.key_group``) -- all in one file, ``chk-N/<owner>.json``
-(one write, not one per partition: 1,024 of them took a second). RocksDB never
+in them (``PartitionManifest.key_group``) -- as one group, ``chk-N/<owner>.json``:
+the files listed once, then the partitions (``manifest.group_bytes``; one write, not one per
+partition: 1,024 of them took a second). RocksDB never
 changes an SST file and numbers them uniquely within a database, so name and
 size identify one; an SST already in the storage is referenced, never
 uploaded again.
@@ -47,7 +48,7 @@ from typing import Collection, Sequence
 from ..errors import CheckpointAbortedError
 from ..store.keygroups import NodeDB
 from ..files import write_json
-from .manifest import FileEntry, KeyGroup, PartitionManifest, bundle
+from .manifest import FileEntry, KeyGroup, PartitionManifest, group_bytes
 from .storage import CheckpointStorage, bundle_path, checkpoint_dir, checkpoint_id_of, private_path, shared_path
 
 log = logging.getLogger(__name__)
@@ -225,9 +226,11 @@ class Snapshotter:
                                        sync_seconds=snap.pause_seconds, key_group=KeyGroup(self.owner, pid, len(partitions)))
                      for pid in partitions]
         _check(cancel, chk)
+        took = time.perf_counter() - start
         for manifest in manifests:
-            manifest.async_seconds = time.perf_counter() - start
-        self.storage.write_bytes(bundle_path(chk, self.owner), bundle(manifests))
+            manifest.async_seconds = took
+        if manifests:
+            self.storage.write_bytes(bundle_path(chk, self.owner), group_bytes(manifests))
         tracker.add_pending(chk, {e.name: e for e in files if e.shared})
         self._prune_local()
         return manifests

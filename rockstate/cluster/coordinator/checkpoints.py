@@ -17,12 +17,12 @@ import logging
 from typing import Any, Awaitable, Callable, Sequence
 
 from ...checkpoint.driver import CheckpointDriver, policy_of
-from ...checkpoint.manifest import PartitionManifest
+from ...checkpoint.manifest import PartitionManifest, from_group, is_group
 from ...checkpoint.participants import Holding
 from ...checkpoint.restore import PartitionRestore
 from ...checkpoint.storage import CheckpointStorage
 from ...config import CheckpointConfig
-from ...errors import CheckpointsNotConfiguredError, CheckpointStorageError
+from ...errors import CheckpointError, CheckpointsNotConfiguredError, CheckpointStorageError
 from ...retry import Retry
 from ...rpc.async_client import AsyncChannel
 from ...store import StateSpec
@@ -44,8 +44,14 @@ class NodeParticipant:
         return f"node {self.node_id}"
 
     async def snapshot(self, checkpoint_id: int, retained: Sequence[int], partitions: list[int]) -> list[PartitionManifest | dict]:
-        return await self.channel.call(p.SnapshotPartitions(checkpoint=checkpoint_id, retained=list(retained), partitions=partitions),
-                                       timeout=self.timeout)
+        answer = await self.channel.call(p.SnapshotPartitions(checkpoint=checkpoint_id, retained=list(retained), partitions=partitions),
+                                         timeout=self.timeout)
+        if not is_group(answer):  # a list: a manifest each (a node of an earlier version)
+            return answer
+        try:
+            return from_group(answer)
+        except (KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(f"node {self.node_id} acked checkpoint {checkpoint_id} with a malformed manifest: {e}") from None
 
     async def finish(self, checkpoint_id: int, completed: bool, partitions: list[int]) -> None:
         await self.channel.call(p.FinishCheckpoint(checkpoint=checkpoint_id, completed=completed, partitions=partitions))

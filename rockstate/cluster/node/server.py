@@ -29,6 +29,7 @@ import os
 import time
 from typing import Awaitable, Callable
 
+from ...checkpoint.manifest import group_dict
 from ...checkpoint.participants import LocalPartitions
 from ...config import CheckpointConfig, NodeConfig
 from ...errors import CheckpointsNotConfiguredError, ClusterError, PartitionUnavailableError, RockstateError, UnknownNodeError
@@ -360,7 +361,8 @@ class Node:
 
     async def snapshot_partitions(self, msg: p.SnapshotPartitions, conn: Connection) -> list:
         pids = [self.gate.check(pid, self.table.epoch, leased=False) for pid in msg.partitions]  # the coordinator asks
-        return [m.to_dict() for m in await self._checkpoints().snapshot(msg.checkpoint, msg.retained, pids)]
+        manifests = await self._checkpoints().snapshot(msg.checkpoint, msg.retained, pids)
+        return group_dict(manifests) if manifests else []  # the files once, not once per partition
 
     async def finish_checkpoint(self, msg: p.FinishCheckpoint, conn: Connection) -> None:
         pids = [pid for pid in msg.partitions if self.gate.ownership.owns(pid)]
