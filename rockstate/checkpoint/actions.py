@@ -14,7 +14,7 @@ import time
 from ..errors import CorruptCheckpointError
 from .coordinator import Aborted, CheckpointCoordinator, CheckpointPolicy, CheckpointRecord, Completed, CompletedCheckpoint, Discard, WriteMetadata, plan_sweep
 from .restore import load_manifests, load_metadata
-from .storage import CheckpointStorage, checkpoint_dir, checkpoint_id_of, metadata_path
+from .storage import CheckpointStorage, checkpoint_dir, checkpoint_id_of, metadata_path, referenced_paths
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def load_coordinator(storage: CheckpointStorage, partitions: int, policy: Checkp
         except CorruptCheckpointError as exc:
             log.warning("checkpoint %s in %s is unreadable (%s); it is left out of retention", chk, storage.url, exc.message)
             continue
-        paths = frozenset(p for m in manifests.values() for p in m.paths if checkpoint_id_of(p) != chk)
+        paths = referenced_paths(manifests.values(), chk)
         record = CheckpointRecord(chk, "COMPLETED", "storage", meta.created_at, meta.partitions, meta.duration, meta.size, meta.uploaded_bytes)
         completed.append(CompletedCheckpoint(chk, paths, record))
     return CheckpointCoordinator(partitions, policy, storage.cluster, storage.checkpoint_ids(), completed)

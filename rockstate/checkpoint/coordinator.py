@@ -50,7 +50,7 @@ from typing import Iterable, Mapping
 
 from ..errors import CheckpointError, CheckpointInProgressError
 from .manifest import CheckpointMetadata, ManifestRef, PartitionManifest, group_bytes
-from .storage import checkpoint_dir, checkpoint_id_of, manifest_location
+from .storage import checkpoint_dir, checkpoint_id_of, manifest_location, referenced_paths
 
 HISTORY = 100
 SWEEP_EVERY = 600.0  # seconds between listings of the storage while no checkpoint aborts
@@ -280,7 +280,7 @@ class CheckpointCoordinator:
         record.size = sum(m.size for m in flight.manifests.values())
         record.uploaded_bytes = sum(m.uploaded_bytes for m in flight.manifests.values())
         record.max_pause = max((m.sync_seconds for m in flight.manifests.values()), default=0.0)
-        paths = frozenset(p for m in flight.manifests.values() for p in m.paths if checkpoint_id_of(p) != checkpoint_id)
+        paths = referenced_paths(flight.manifests.values(), checkpoint_id)
         self._completed[checkpoint_id] = CompletedCheckpoint(checkpoint_id, paths, record)
         self.in_flight, self._last_end, self.consecutive_failures = None, now, 0
         keep, drop = plan_retention(self._completed, self.policy.retained)

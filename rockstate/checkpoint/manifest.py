@@ -43,6 +43,7 @@ import json
 import time
 import zlib
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import BinaryIO, Sequence
 
 from ..errors import CheckpointAuthenticationError, CorruptCheckpointError
@@ -136,12 +137,12 @@ class PartitionManifest:
     format: int = FORMAT
     key_group: KeyGroup | None = None  # None: the files are a RocksDB of this partition alone (format 1)
 
-    @property
+    @cached_property  # (a checkpoint asks each of its partitions: the files are set once)
     def size(self) -> int:
         """The partition's share of its files' bytes."""
         return sum(f.size for f in self.files) // (self.key_group.count if self.key_group else 1)
 
-    @property
+    @cached_property
     def uploaded_bytes(self) -> int:
         return sum(f.size for f in self.files if f.uploaded) // (self.key_group.count if self.key_group else 1)
 
@@ -410,3 +411,4 @@ def _parse(cls, data: bytes, where: str, keys: Sequence[bytes] = (), accept_unsi
         raise
     except (ValueError, UnicodeDecodeError, KeyError, TypeError) as exc:
         raise CorruptCheckpointError(f"{where} is unreadable: {type(exc).__name__}: {exc}", path=where) from None
+

@@ -49,7 +49,7 @@ from ..errors import CheckpointAbortedError
 from ..store.keygroups import NodeDB
 from ..files import write_json
 from .manifest import FileEntry, KeyGroup, PartitionManifest, group_bytes
-from .storage import CheckpointStorage, bundle_path, checkpoint_dir, checkpoint_id_of, private_path, shared_path
+from .storage import CheckpointStorage, group_path, checkpoint_dir, checkpoint_id_of, private_path, shared_path
 
 log = logging.getLogger(__name__)
 
@@ -230,7 +230,7 @@ class Snapshotter:
         for manifest in manifests:
             manifest.async_seconds = took
         if manifests:
-            self.storage.write_bytes(bundle_path(chk, self.owner), group_bytes(manifests))
+            self.storage.write_bytes(group_path(chk, self.owner), group_bytes(manifests))
         tracker.add_pending(chk, {e.name: e for e in files if e.shared})
         self._prune_local()
         return manifests

@@ -3,7 +3,7 @@
 ::
 
     <root>/<cluster>/shared/<owner>/<sst-stem>-<uuid>.sst  immutable, shared by checkpoints
-    <root>/<cluster>/chk-000123/<owner>.json               the manifests of the owner's partitions, one bundle
+    <root>/<cluster>/chk-000123/<owner>.json               the manifests of the owner's partitions, one group
     <root>/<cluster>/chk-000123/p0042.json                 a partition's manifest (format 1)
     <root>/<cluster>/chk-000123/<owner>/<file>             the owner's private files (MANIFEST, CURRENT, OPTIONS)
 
@@ -68,15 +68,15 @@ def manifest_path(checkpoint_id: int, pid: int) -> str:
     return f"{checkpoint_dir(checkpoint_id)}/p{pid:04d}.json"
 
 
-def bundle_path(checkpoint_id: int, owner: str) -> str:
-    """The manifests of every partition of one store's checkpoint, in one file (``manifest_location``)."""
+def group_path(checkpoint_id: int, owner: str) -> str:
+    """The manifests of every partition of one store's checkpoint, one group in one file (``manifest_location``)."""
     return f"{checkpoint_dir(checkpoint_id)}/{owner}.json"
 
 
 def manifest_location(manifest: PartitionManifest) -> str:
-    """Where ``manifest`` is stored: its store's bundle (key groups), or a file of its own (format 1)."""
+    """Where ``manifest`` is stored: its store's group (key groups), or a file of its own (format 1)."""
     group = manifest.key_group
-    return manifest_path(manifest.checkpoint_id, manifest.partition) if group is None else bundle_path(manifest.checkpoint_id, group.node)
+    return manifest_path(manifest.checkpoint_id, manifest.partition) if group is None else group_path(manifest.checkpoint_id, group.node)
 
 
 def private_path(checkpoint_id: int, owner: str, name: str) -> str:
@@ -97,6 +97,13 @@ def checkpoint_id_of(path: str) -> int | None:
     """The checkpoint id of a path under ``chk-N/`` (None for anything else)."""
     m = _CHK.match(path.split("/", 1)[0])
     return int(m.group(1)) if m else None
+
+
+def referenced_paths(manifests: Iterable[PartitionManifest], checkpoint_id: int) -> frozenset[str]:
+    """The paths outside checkpoint ``checkpoint_id``'s folder that its manifests reference (a group's files,
+    shared by its partitions' manifests, looked at once)."""
+    lists = {id(m.files): m.files for m in manifests}
+    return frozenset(f.path for files in lists.values() for f in files if checkpoint_id_of(f.path) != checkpoint_id)
 
 
 def join(*parts: str) -> str:

@@ -9,7 +9,7 @@ from rockstate.checkpoint import snapshot
 from rockstate.checkpoint.manifest import FileEntry, KeyGroup, PartitionManifest, from_group, group_bytes, group_dict
 from rockstate.checkpoint.restore import restore_partition
 from rockstate.checkpoint.snapshot import Snapshotter, UploadTracker
-from rockstate.checkpoint.storage import bundle_path
+from rockstate.checkpoint.storage import group_path
 from rockstate.config import StoreConfig
 from rockstate.errors import CorruptCheckpointError
 from rockstate.store import PUT, StateSpec, Store
@@ -44,7 +44,7 @@ def test_one_snapshot_of_the_store_gives_each_partition_its_key_group_and_restor
     assert m3.files == m5.files and all(f.path.startswith(("shared/sa/", "chk-000001/sa/")) for f in m3.files)
     ack = msgpack.unpackb(msgpack.packb(group_dict([m5, m3])))  # what the node sends the coordinator: one group
     assert from_group(ack) == [m3, m5]
-    stored = storage.read_bytes(bundle_path(1, "sa"))  # one file for the store's partitions: the files listed once
+    stored = storage.read_bytes(group_path(1, "sa"))  # one file for the store's partitions: the files listed once
     assert stored == group_bytes([m3, m5]) == group_bytes([m5, m3]) and stored.count(b'"checksum"') == len(m3.files)
     assert m3.uploaded_bytes == m3.size == sum(f.size for f in m3.files) // 2  # each counts its share
 
