@@ -15,6 +15,7 @@ from ...errors import RockstateError
 log = logging.getLogger(__name__)
 
 BATCH = 128  # partitions one transfer carries at most
+LINGER = 0.05  # seconds a transfer waits for more partitions before it starts
 
 Send = Callable[[str, str, dict[int, int]], Awaitable[dict]]
 
@@ -48,6 +49,7 @@ class CopyBatches:
         if self._limit is None:
             self._limit = asyncio.Semaphore(self._limit_n)
         async with self._limit:
+            await asyncio.sleep(LINGER)  # the catch-ups of one burst (a join's handovers, a table's new backups) join it
             queue = self._waiting.pop((node, primary), {})
             batch = dict(list(queue.items())[:BATCH])
             rest = {pid: w for pid, w in queue.items() if pid not in batch}
