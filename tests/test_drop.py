@@ -177,7 +177,7 @@ def test_a_copy_holds_exactly_the_writes_before_it_and_a_move_records_the_rest(t
             cut = part.node_db.snapshots(1)
         store.write(1, [(PUT_MANY, "s", KEYS[:10], [b"after"] * 10), (PUT, "s", b"new", b"after")])
         store.db.flush()
-        part.node_db.export(cut, str(tmp_path / "copy"))
+        part.node_db.export({1: cut}, str(tmp_path / "copy"))
         other.replace_partitions({1: (str(tmp_path / "copy"), 1)}, {"s": {"name": "s", "kind": "value"}})
         assert other.get_many(1, "s", [KEYS[0], KEYS[-1], b"new"]) == [b"v" * 100, b"v" * 100, None]
         assert store.scan(1, "s", limit=1) == [(KEYS[0], b"after")]

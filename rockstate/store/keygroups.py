@@ -28,6 +28,7 @@ import struct
 import threading
 import uuid
 from collections import deque
+from itertools import chain
 from contextlib import nullcontext
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
@@ -109,13 +110,17 @@ class NodeDB:
         return {name: (family.keys(from_key=start, read_opt=read), family.values(from_key=start, read_opt=read), read)
                 for name, family in self.families.items()}
 
-    def export(self, snapshots: dict[str, tuple[Any, Any, ReadOptions]], target: str) -> None:
-        """The partition as of ``snapshots``, as SST files at ``target`` (``0000.sst``..., keys with their prefix)
-        and ``states.json``, the state of each (no RocksDB: ``import_copies`` checks their range and ingests them as
-        they are)."""
+    def export(self, cuts: Mapping[int, dict[str, tuple[Any, Any, ReadOptions]]], target: str) -> None:
+        """Partitions as of their ``cuts`` ({pid: ``snapshots(pid)``}), as SST files at ``target`` (``0000.sst``...,
+        one per state holding every partition's keys, with their prefix, in order) and ``states.json``, the state
+        of each (no RocksDB: ``import_copies`` checks their range and ingests them as they are). A transfer of
+        many partitions is a file per state, not per partition."""
         os.makedirs(target)
         states: list[str] = []
-        for name, (keys, values, _) in snapshots.items():
+        pids = sorted(cuts)
+        for name in dict.fromkeys(name for pid in pids for name in cuts[pid]):
+            keys = chain.from_iterable(cuts[pid][name][0] for pid in pids if name in cuts[pid])
+            values = chain.from_iterable(cuts[pid][name][1] for pid in pids if name in cuts[pid])
             if _write_sst(self._resources.options(), os.path.join(target, f"{len(states):04d}{SST}"), keys, values):
                 states.append(name)
         with open(os.path.join(target, STATES), "w") as f:
@@ -216,55 +221,75 @@ def _is_rocksdb(path: str) -> bool:
 
 
 def _checked(exports: Mapping[int, str], staging: str) -> dict[str, list[str]]:
-    """Every export's SST files (``exports[pid]``: partition ``pid``'s), ingested first into one scratch RocksDB per
-    state, which reads each file's real first and last keys: a file with keys outside its partition, or of a
-    partition not in ``exports``, refuses them all (a copy from another node never reaches another partition's
-    keys). Answers {state: its files, in ``staging``}."""
-    wanted: dict[str, dict[int, str]] = {}  # state -> {pid: its file}
+    """Every export's SST files (``exports[pid]``: the export holding partition ``pid``; one may hold several),
+    ingested first into a scratch RocksDB per export and state, which then shows where its keys are: a key of a
+    partition the export was not given for refuses them all (a copy from another node never reaches another
+    partition's keys). Answers {state: its files, in ``staging``}."""
+    by_path: dict[str, list[int]] = {}
     for pid, copy in exports.items():
-        for i, state in enumerate(_states(copy, pid)):
-            by_pid = wanted.setdefault(check_name(state, "state", internal=True), {})
-            if pid in by_pid:
-                raise ProtocolError(f"the copy of partition {pid} names state {state!r} twice in {STATES}")
-            by_pid[pid] = os.path.join(copy, f"{i:04d}{SST}")
+        by_path.setdefault(copy, []).append(pid)
     files: dict[str, list[str]] = {}
-    for n, (name, by_pid) in enumerate(wanted.items()):
-        opts = Options(raw_mode=True)
-        opts.create_if_missing(True)
-        opts.set_disable_auto_compactions(True)  # each file stays one live file, its range as sent
-        scratch = os.path.join(staging, f"check.{n}")
-        db = Rdict(scratch, opts)
-        try:
-            db.ingest_external_file(list(by_pid.values()), _moving())
-            live = db.live_files()
-        except Exception as e:  # noqa: BLE001 -- missing, or not an SST file: RocksDB says which
-            raise ProtocolError(f"the copies of partitions {sorted(by_pid)[:8]}: a file of state {name!r} cannot be "
-                                f"read ({e})") from None
-        finally:
-            db.close()
-        seen: set[int] = set()
-        for f in live:
-            start = f["start_key"][:PREFIX_BYTES]
-            pid = _PREFIX.unpack(start)[0] if len(start) == PREFIX_BYTES else -1
-            if pid not in by_pid or pid in seen or f["end_key"] >= bounds(pid)[1]:
-                raise ProtocolError(f"a copy of partitions {sorted(by_pid)[:8]} holds keys of another partition "
-                                    f"(state {name!r}): refused")
-            seen.add(pid)
-        files[name] = [os.path.join(scratch, f["name"].lstrip("/")) for f in live]
+    for n, (copy, pids) in enumerate(by_path.items()):
+        named: set[str] = set()
+        for i, state in enumerate(_states(copy, pids)):
+            name = check_name(state, "state", internal=True)
+            if name in named:
+                raise ProtocolError(f"the copy of partitions {sorted(pids)[:8]} names state {state!r} twice in {STATES}")
+            named.add(name)
+            files.setdefault(name, []).append(_check_file(os.path.join(copy, f"{i:04d}{SST}"), name, pids,
+                                                          os.path.join(staging, f"check.{n}.{i}")))
     return files
 
 
-def _states(copy: str, pid: int) -> list:
-    """The states an export holds files of, in order (none: a partition never written)."""
+def _check_file(path: str, state: str, pids: list[int], scratch: str) -> str:
+    """The SST file at ``path`` ingested into a scratch RocksDB at ``scratch``; refused unless every key in it is
+    one of ``pids``' (its first and last, and none in a gap between them: a seek each). Answers its live file."""
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    opts.set_disable_auto_compactions(True)
+    db = Rdict(scratch, opts)
+    try:
+        try:
+            db.ingest_external_file([path], _moving())
+            [live] = db.live_files()
+        except Exception as e:  # noqa: BLE001 -- missing, or not an SST file: RocksDB says which
+            raise ProtocolError(f"the copy of partitions {sorted(pids)[:8]}: a file of state {state!r} cannot be "
+                                f"read ({e})") from None
+        wanted = set(pids)
+        first, last = (_pid_of(live[k]) for k in ("start_key", "end_key"))
+        outside = first not in wanted or last not in wanted
+        gap = None
+        for pid in range(first, last + 1) if not outside else ():
+            if pid not in wanted and gap is None:
+                gap = pid
+            elif pid in wanted and gap is not None:  # keys in [gap, pid)?
+                found = next(iter(db.keys(from_key=prefix(gap))), None)
+                outside, gap = found is not None and found < prefix(pid), None
+                if outside:
+                    break
+        if outside:
+            raise ProtocolError(f"a copy of partitions {sorted(pids)[:8]} holds keys of another partition "
+                                f"(state {state!r}): refused")
+    finally:
+        db.close()
+    return os.path.join(scratch, live["name"].lstrip("/"))
+
+
+def _pid_of(key: bytes) -> int:
+    return _PREFIX.unpack(key[:PREFIX_BYTES])[0] if len(key) >= PREFIX_BYTES else -1
+
+
+def _states(copy: str, pids: list[int]) -> list:
+    """The states an export holds files of, in order (none: partitions never written)."""
     try:
         with open(os.path.join(copy, STATES)) as f:
             states = json.load(f)
     except FileNotFoundError:
         return []
     except ValueError:
-        raise ProtocolError(f"the copy of partition {pid} has no readable {STATES}") from None
+        raise ProtocolError(f"the copy of partitions {sorted(pids)[:8]} has no readable {STATES}") from None
     if not isinstance(states, list):
-        raise ProtocolError(f"the copy of partition {pid}: {STATES} is not a list of states")
+        raise ProtocolError(f"the copy of partitions {sorted(pids)[:8]}: {STATES} is not a list of states")
     return states
 
 

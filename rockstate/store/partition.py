@@ -213,21 +213,27 @@ class Partition:
     # -- copies: checkpoints and moves -------------------------------------
 
     def export_copy(self, target: str, record: bool = False, then: Callable[[], None] | None = None) -> float:
-        """A copy of the partition alone, as a standalone RocksDB at ``target`` (which must not exist; keys without
-        the prefix); returns how long writes paused: only while a snapshot is taken, under the lock. With
-        ``record``, every write after the snapshot is recorded, to be taken by ``take_recorded`` (a move's last
-        delta). ``then`` runs under the lock right after the snapshot (a replica copy's position)."""
+        """A copy of the partition alone, as SST files at ``target`` (``NodeDB.export``; which must not exist);
+        returns how long writes paused: only while its cut is taken, under the lock. With ``record``, every write
+        after the cut is recorded, to be taken by ``take_recorded`` (a move's last delta). ``then`` runs under the
+        lock right after the cut (a replica copy's position)."""
+        start = time.perf_counter()
+        node_db, cut = self.cut(record, then)
+        pause = time.perf_counter() - start
+        node_db.export({self.pid: cut}, target)
+        return pause
+
+    def cut(self, record: bool = False, then: Callable[[], None] | None = None) -> tuple[NodeDB, dict]:
+        """The partition's keys and values as of now (``NodeDB.snapshots``), taken under the lock, for
+        ``NodeDB.export``; ``record`` and ``then`` as ``export_copy``'s."""
         with self.lock:
-            start = time.perf_counter()
             node_db = self._open()
             snapshots = node_db.snapshots(self.pid)
             if record:
                 self._recording = []
             if then is not None:
                 then()
-            pause = time.perf_counter() - start
-        node_db.export(snapshots, target)
-        return pause
+        return node_db, snapshots
 
     def empty(self) -> bool:
         """No key in any state (None-safe: a closed partition is not known to be empty)."""

@@ -81,10 +81,11 @@ class ReplicaCopies:
         if not served:
             raise PartitionUnavailableError(f"this node is not the primary of partitions {pids[:8]} with backup {msg.node}",
                                             partition=pids[0] if pids else None)
-        seqs = await asyncio.gather(*(asyncio.to_thread(self._take, pid, msg.node) for pid in served))  # fsyncs overlap
-        names = [_name(pid, msg.node) for pid in served]
-        listings = [self.source.listing(name) if seq is not None else [] for name, seq in zip(names, seqs)]
-        return Stream({"parts": [list(part) for part in zip(served, listings)]}, self.source.chunks(list(zip(names, listings))))
+        name = _name(served[0], msg.node)
+        await asyncio.to_thread(self._take, served, msg.node, name)
+        files = self.source.listing(name)
+        # every partition's keys in one export (a file per state): its pids in "parts", their files in "files"
+        return Stream({"parts": [[pid, []] for pid in served], "files": files}, self.source.chunks([(name, files)]))
 
     async def _served(self, pids: list[int], node: str, epochs: dict[int, int]) -> list[int]:
         """Those of ``pids`` this node is primary of with backup ``node``, waiting up to ``OPENING`` seconds for the
@@ -102,22 +103,24 @@ class ReplicaCopies:
                 return served
             await asyncio.sleep(0.1)
 
-    def _take(self, pid: int, node: str) -> int | None:
-        """A copy of ``pid`` for ``node`` at its batch S, shipped the batches after S; None: never written, no files."""
-        part: Partition = self._store_of().partition(pid)
-        with part.lock:
-            if part.seq() == 0 and part.empty():
-                self._primaries.copied(node, pid, 0)
-                shutil.rmtree(self.source.path(_name(pid, node)), ignore_errors=True)
-                return None
-        at: list[int] = []
+    def _take(self, pids: list[int], node: str, name: str) -> None:
+        """Copies of ``pids`` for ``node``, each cut at its batch S under its write lock and shipped the batches
+        after S, written as one export ``name`` (a file per state for all of them: per partition, their files and
+        fsyncs were most of a join's copies at P=1024)."""
+        store, cuts = self._store_of(), {}
+        db = None
+        for pid in pids:
+            part: Partition = store.partition(pid)
 
-        def position() -> None:  # under the write lock: the batches after the copy's are the ones shipped to it
-            at.append(part.seq())
-            self._primaries.copied(node, pid, at[0])
+            def position(part: Partition = part) -> None:  # under the write lock: the batches after the cut are shipped
+                self._primaries.copied(node, part.pid, part.seq())
 
-        self.source.take(part, _name(pid, node), then=position)
-        return at[0]
+            db, cuts[pid] = part.cut(then=position)
+        target = self.source.path(name)
+        shutil.rmtree(target, ignore_errors=True)
+        os.makedirs(self.source.root, exist_ok=True)
+        assert db is not None  # (pids is not empty: _served answers at least one)
+        db.export(cuts, target)
 
     # -- on the backup ----------------------------------------------------------------
 
@@ -158,7 +161,9 @@ class ReplicaCopies:
         if me is None:  # the coordinator asks only members: not reached
             raise PartitionUnavailableError("this node has not joined yet; no backup copies")
         targets = {pid: os.path.join(store.path, "replicas-in", partition_dir(pid)) for pid in pids}
-        got: dict[int, int] = {}  # pid -> bytes, the copies the primary sent
+        group = targets[pids[0]]  # one export of them all (a primary of an earlier version: one per partition)
+        got: dict[int, int] = {}  # pid -> bytes, the copies the primary sent (a group's: each its share)
+        where: dict[int, str] = {}  # pid -> the export holding it, when not its own folder
         try:
             for pid in pids:
                 self._backups.forget(pid)  # with the tail of the copy it drops
@@ -172,13 +177,17 @@ class ReplicaCopies:
                 for pid, files in answer["parts"]:
                     if pid not in targets or pid in got:
                         raise ClusterError(f"partition {str(pid)[:20]} in a copy's listing was not asked for (or twice)")
-                    got[pid] = receive_files(files, targets[pid], read_into)
+                    got[pid] = receive_files(files, targets[pid], read_into) if files else 0
+                if "files" in answer:
+                    size = receive_files(answer["files"], group, read_into)
+                    where.update(dict.fromkeys(got, group))
+                    got.update({pid: size // max(1, len(got)) for pid in got})
                 return got
 
             await self._peer(source).stream(p.ReplicaCopy(partitions=pids, node=me, epochs=[epochs[pid] for pid in pids]),
                                             receive, timeout=600.0)
             steps.append(time.perf_counter())
-            keep = {pid: (targets[pid], pid) for pid in got if pid not in self._cancelled}  # the primary's exports
+            keep = {pid: (where.get(pid, targets[pid]), pid) for pid in got if pid not in self._cancelled}  # its exports
             await asyncio.to_thread(store.replace_partitions, keep)
             steps.append(time.perf_counter())
             copied = {}
