@@ -164,6 +164,31 @@ def test_a_copy_holding_another_partitions_keys_is_refused_and_changes_nothing(t
         other.close()
 
 
+def test_an_export_of_several_partitions_gives_only_those_taken_and_is_checked_against_all_it_holds(tmp_path):
+    """A backup's transfer is one export of many partitions; one dropped meanwhile is left out of it."""
+    store = Store(str(tmp_path / "s"), StoreConfig(partitions=8))
+    other = Store(str(tmp_path / "o"), StoreConfig(partitions=8))
+    try:
+        for s in (store, other):
+            s.define_state(StateSpec("s", "value"))
+        for pid in (1, 2, 5):
+            other.write(pid, [(PUT, "s", b"k", b"copied %d" % pid)])
+            store.write(pid, [(PUT, "s", b"k", b"mine %d" % pid)])
+        cuts = {pid: other.partition(pid).cut()[1] for pid in (1, 2, 5)}
+        other.db.export(cuts, str(tmp_path / "group"))
+        assert len(os.listdir(tmp_path / "group")) == 2  # one SST for the state, and states.json
+        shutil.copytree(tmp_path / "group", tmp_path / "group2")
+        store.replace_partitions({1: (str(tmp_path / "group"), 1), 5: (str(tmp_path / "group"), 5)},
+                                 holds={str(tmp_path / "group"): [1, 2, 5]})
+        got = [store.get_many(pid, "s", [b"k"])[0] for pid in (1, 2, 5)]
+        assert got == [b"copied 1", b"mine 2", b"copied 5"]  # partition 2, not taken, kept what it held
+        with pytest.raises(ProtocolError, match="keys of another partition"):  # given as holding 1 and 5 alone
+            store.replace_partitions({1: (str(tmp_path / "group2"), 1), 5: (str(tmp_path / "group2"), 5)})
+    finally:
+        store.close()
+        other.close()
+
+
 def test_a_copy_holds_exactly_the_writes_before_it_and_a_move_records_the_rest(tmp_path):
     """The copy's cut is taken under the partition's lock; it is written out after, while writes go on: none of
     those may be in it (a backup would apply them again from the stream: an append twice)."""

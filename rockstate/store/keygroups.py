@@ -127,12 +127,13 @@ class NodeDB:
             json.dump(states, f)
 
     def import_copies(self, copies: Mapping[int, tuple[str, int | None]], replace: bool = True,
-                      locked: Callable[[], Any] | None = None) -> None:
+                      locked: Callable[[], Any] | None = None, holds: Mapping[str, Iterable[int]] = {}) -> None:
         """Each partition ``pid`` of ``copies`` becomes the copy at ``copies[pid] = (path, source_pid)``: an
         ``export``'s SST files (of partition ``pid``), the range of ``source_pid`` in a key-group RocksDB (a node's
         checkpoint), or a whole RocksDB of one partition, keys without a prefix (``source_pid`` None: the earlier
         layout). ``replace=False`` adds to what is there (a bulk load). ``locked()``: a context manager held while
-        the files go in (the partitions' locks).
+        the files go in (the partitions' locks). ``holds[path]``: the partitions an export holds, when more than
+        those taken from it (their keys are checked, and left out).
 
         All in one go, whatever their number: one scratch RocksDB per state checks every export's files, one range
         deletion per partition, one ingestion per state (a partition at a time cost a scratch RocksDB per file and
@@ -143,7 +144,7 @@ class NodeDB:
         os.makedirs(staging)
         try:
             exports = {pid: path for pid, (path, _) in copies.items() if not _is_rocksdb(path)}
-            files = _checked(exports, staging)
+            files = _checked(exports, staging, holds)
             by_source: dict[str, dict[int, int | None]] = {}
             for pid, (path, source) in copies.items():
                 if pid not in exports:
@@ -220,7 +221,7 @@ def _is_rocksdb(path: str) -> bool:
     return os.path.exists(os.path.join(path, "CURRENT"))
 
 
-def _checked(exports: Mapping[int, str], staging: str) -> dict[str, list[str]]:
+def _checked(exports: Mapping[int, str], staging: str, holds: Mapping[str, Iterable[int]] = {}) -> dict[str, list[str]]:
     """Every export's SST files (``exports[pid]``: the export holding partition ``pid``; one may hold several),
     ingested first into a scratch RocksDB per export and state, which then shows where its keys are: a key of a
     partition the export was not given for refuses them all (a copy from another node never reaches another
@@ -236,14 +237,18 @@ def _checked(exports: Mapping[int, str], staging: str) -> dict[str, list[str]]:
             if name in named:
                 raise ProtocolError(f"the copy of partitions {sorted(pids)[:8]} names state {state!r} twice in {STATES}")
             named.add(name)
-            files.setdefault(name, []).append(_check_file(os.path.join(copy, f"{i:04d}{SST}"), name, pids,
-                                                          os.path.join(staging, f"check.{n}.{i}")))
+            files.setdefault(name, [])
+            checked = _check_file(os.path.join(copy, f"{i:04d}{SST}"), name, set(holds.get(copy, pids)), set(pids),
+                                  os.path.join(staging, f"check.{n}.{i}"))
+            if checked:
+                files.setdefault(name, []).append(checked)
     return files
 
 
-def _check_file(path: str, state: str, pids: list[int], scratch: str) -> str:
+def _check_file(path: str, state: str, holds: set[int], wanted: set[int], scratch: str) -> str:
     """The SST file at ``path`` ingested into a scratch RocksDB at ``scratch``; refused unless every key in it is
-    one of ``pids``' (its first and last, and none in a gap between them: a seek each). Answers its live file."""
+    of a partition it ``holds`` (its first and last, and none in a gap between them: a seek each). Answers a file
+    of the ``wanted`` partitions' keys: that one, or, when it holds more, a new one of theirs ("": none)."""
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.set_disable_auto_compactions(True)
@@ -253,26 +258,31 @@ def _check_file(path: str, state: str, pids: list[int], scratch: str) -> str:
             db.ingest_external_file([path], _moving())
             [live] = db.live_files()
         except Exception as e:  # noqa: BLE001 -- missing, or not an SST file: RocksDB says which
-            raise ProtocolError(f"the copy of partitions {sorted(pids)[:8]}: a file of state {state!r} cannot be "
+            raise ProtocolError(f"the copy of partitions {sorted(holds)[:8]}: a file of state {state!r} cannot be "
                                 f"read ({e})") from None
-        wanted = set(pids)
         first, last = (_pid_of(live[k]) for k in ("start_key", "end_key"))
-        outside = first not in wanted or last not in wanted
+        outside = first not in holds or last not in holds
         gap = None
         for pid in range(first, last + 1) if not outside else ():
-            if pid not in wanted and gap is None:
+            if pid not in holds and gap is None:
                 gap = pid
-            elif pid in wanted and gap is not None:  # keys in [gap, pid)?
+            elif pid in holds and gap is not None:  # keys in [gap, pid)?
                 found = next(iter(db.keys(from_key=prefix(gap))), None)
                 outside, gap = found is not None and found < prefix(pid), None
                 if outside:
                     break
         if outside:
-            raise ProtocolError(f"a copy of partitions {sorted(pids)[:8]} holds keys of another partition "
+            raise ProtocolError(f"a copy of partitions {sorted(holds)[:8]} holds keys of another partition "
                                 f"(state {state!r}): refused")
+        if not holds - wanted:
+            return os.path.join(scratch, live["name"].lstrip("/"))
+        reads = [_upto(bounds(pid)[1]) for pid in sorted(wanted)]  # alive while the iterators run
+        keys = chain.from_iterable(db.keys(from_key=prefix(pid), read_opt=r) for pid, r in zip(sorted(wanted), reads))
+        values = chain.from_iterable(db.values(from_key=prefix(pid), read_opt=r) for pid, r in zip(sorted(wanted), reads))
+        taken = f"{scratch}.taken{SST}"
+        return taken if _write_sst(Options(raw_mode=True), taken, keys, values) else ""
     finally:
         db.close()
-    return os.path.join(scratch, live["name"].lstrip("/"))
 
 
 def _pid_of(key: bytes) -> int:

@@ -197,12 +197,14 @@ class Store:
         """Until every format-1 directory removed so far is deleted."""
         self._trash.wait()
 
-    def replace_partitions(self, dirs: Mapping[int, str | tuple[str, int | None]], states: dict[str, dict] | None = None) -> None:
+    def replace_partitions(self, dirs: Mapping[int, str | tuple[str, int | None]], states: dict[str, dict] | None = None,
+                           holds: Mapping[str, Iterable[int]] = {}) -> None:
         """Each partition becomes the copy in ``dirs[pid]`` (a restored or moved-in copy: a standalone RocksDB of
         it, or ``(path, source pid)``: that partition's range of a key-group RocksDB), and is opened.
 
         Restore, failover and moves all end here. ``states``: the copy's catalog
-        (a checkpoint's), merged into this store's before the partitions open.
+        (a checkpoint's), merged into this store's before the partitions open. ``holds[path]``: every partition
+        an export at ``path`` holds, when only some are taken (``NodeDB.import_copies``).
         A partition is closed while its copy goes in: it is either the old one or the new one.
         """
         for pid in dirs:
@@ -211,7 +213,7 @@ class Store:
             with self._mutex:  # the specs dict is shared with the open partitions: update it in place
                 self.specs.update({name: StateSpec.from_dict(data) for name, data in states.items()})
                 write_json(self._catalog_path, {n: s.to_dict() for n, s in self.specs.items()})
-        self.db.import_copies({pid: (d, None) if isinstance(d, str) else d for pid, d in dirs.items()})
+        self.db.import_copies({pid: (d, None) if isinstance(d, str) else d for pid, d in dirs.items()}, holds=holds)
         self.open_partitions(dirs)
 
     # -- operations (the node serves these per partition) ----------------

@@ -60,7 +60,7 @@ class _Sent:
     sending: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
-HANDOVERS = 64  # handovers (moves with backups) at once; their copies still go at most max_concurrent_migrations at once
+HANDOVERS = 256  # handovers (moves with backups) at once; their copies still go at most max_concurrent_migrations at once
 FAILOVER_RETRY = Retry(deadline=None, initial=0.2, maximum=5.0, retry_on=lambda e: isinstance(e, _NotYet))  # until it is done
 
 

@@ -188,7 +188,7 @@ class ReplicaCopies:
                                             receive, timeout=600.0)
             steps.append(time.perf_counter())
             keep = {pid: (where.get(pid, targets[pid]), pid) for pid in got if pid not in self._cancelled}  # its exports
-            await asyncio.to_thread(store.replace_partitions, keep)
+            await asyncio.to_thread(store.replace_partitions, keep, None, {group: list(got)})  # (some may be cancelled)
             steps.append(time.perf_counter())
             copied = {}
             for pid in got:

@@ -75,6 +75,7 @@ class ReplicaControl:
         self._restore_lost, self._spawn, self._event = restore_lost, spawn, event
         self._copies = CopyBatches(self._send_catch_up, config.max_concurrent_migrations)
         self._plan: tuple[float, replica_placement.ReplicaPlan] | None = None  # (when, the plan): see _planned
+        self._ensuring = self._again = False  # ensure_soon's round running, and another wanted after it
         self.load({}, [])
 
     def load(self, saved: dict, owners: Sequence[str | None]) -> None:
@@ -258,12 +259,14 @@ class ReplicaControl:
 
     async def report(self, msg: p.ReplicaReport, conn: Connection) -> None:
         actions = []
+        in_sync = False  # a backup came in sync: the plan's next steps (a drop, a move of a backup) may go now
         for pid, backup, epoch, kind in msg.reports:
             s = self.sets[pid]
             if s.primary != msg.node_id:
                 continue  # a deposed primary's report
             if kind == Report.CAUGHT_UP:
                 done = self.sets.caught_up(pid, backup, epoch)
+                in_sync |= backup in s.in_sync
                 log.debug("%s: %s caught up at epoch %d (now %d, copying %s): %s", msg.node_id, backup, epoch, s.epoch,
                           (pid, backup) in self.sets.copying, "in sync" if backup in s.in_sync else "refused")
                 actions += done
@@ -277,6 +280,28 @@ class ReplicaControl:
                 # diverged (no copy open, or the primary's copy was restored or got an SST file): only a copy brings it back
                 actions += [a for a in done if kind == Report.DIVERGED or not isinstance(a, CatchUp)]
         await self.carry_out(actions)
+        if in_sync:
+            self.ensure_soon()
+
+    def ensure_soon(self) -> None:
+        """``ensure`` now rather than at the monitor's next round (a join's backups move in steps, each begun once
+        the one before is in sync: a second each was most of a join at P=1024); one at a time, a call meanwhile
+        runs it once more after."""
+        if self._ensuring:
+            self._again = True
+            return
+        self._ensuring = True
+
+        async def rounds() -> None:
+            try:
+                while True:
+                    self._again = False
+                    await self.ensure()
+                    if not self._again:
+                        return
+            finally:
+                self._ensuring = False
+        self._spawn(rounds())
 
     async def ensure(self) -> None:
         """Add the backups the plan wants, drop those it does not, restart catch-ups that are stuck."""
