@@ -139,3 +139,26 @@ def test_a_manifest_naming_another_partitions_key_group_is_refused():
     m = PartitionManifest(3, 1, [], ["s"], key_group=KeyGroup("sa", 4, 2)).to_dict()
     with pytest.raises(CorruptCheckpointError):
         PartitionManifest.from_json(__import__("json").dumps(m).encode())
+
+
+def test_a_group_is_named_by_each_of_its_partitions_and_refused_for_one_it_does_not_hold(node_store, storage_of, file_url, tmp_path):
+    """``_metadata`` names a process's group of manifests once per partition (the same bytes, checked once); one it
+    names for a partition the group does not hold is refused, as a stored manifest of another partition is."""
+    from dataclasses import replace
+
+    from rockstate.checkpoint.coordinator import _refs
+    from rockstate.checkpoint.manifest import CheckpointMetadata
+    from rockstate.checkpoint.restore import load_manifests
+
+    storage = storage_of(file_url)
+    put(node_store, 3, 10, "a")
+    m3, m5 = snapshotter(storage, tmp_path).snapshot(node_store.db, 1, [3, 5])
+    refs = _refs([m3, m5])
+    stored = storage.read_bytes(group_path(1, "sa"))
+    assert {(r.path, r.size, r.digest) for r in refs} == {(group_path(1, "sa"), len(stored), refs[0].digest)}
+    meta = CheckpointMetadata(1, 2, [replace(refs[0], partition=0), replace(refs[1], partition=1)])  # as p0 and p1
+    with pytest.raises(CorruptCheckpointError, match="holds no manifest of p0"):
+        load_manifests(storage, meta, [0])
+    meta = CheckpointMetadata(1, 2, refs)
+    meta.partitions = 6  # (the two it names are all a load asks for)
+    assert load_manifests(storage, meta, [3, 5]) == {3: m3, 5: m5}
