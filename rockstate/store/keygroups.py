@@ -8,9 +8,10 @@ layouts: at P=271 a DB per partition took 1.08 s to create a node's share, a DB 
 A partition leaves by a range deletion over every family (``drop``), and arrives from a *copy*
 (``import_copies``, many partitions at once), which never reaches another partition's keys:
 
-- a move's or a backup's copy, what ``export`` writes: one SST file per state, keys with their prefix. Every
-  file of a state is ingested into one scratch RocksDB, which reads each one's real first and last keys; a
-  file outside its partition refuses them all; the files then go in as they are.
+- a move's or a backup's copy, what ``export`` writes: one SST file per state for all the partitions it holds
+  (one, or a backup transfer's many), keys with their prefix. Each file is ingested into a scratch RocksDB, which
+  shows where its keys are (its first and last, and a seek per gap between its partitions); a key of a
+  partition the export was not sent for refuses them all; the files then go in as they are.
 - a node's checkpoint (a key-group RocksDB), or a partition folder of the earlier layout and its checkpoints (a
   RocksDB of one partition, keys without a prefix): read within the partition's range and written as SST files
   behind its prefix.
@@ -28,8 +29,8 @@ import struct
 import threading
 import uuid
 from collections import deque
-from itertools import chain
 from contextlib import nullcontext
+from itertools import chain
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from rocksdict import AccessType, Checkpoint, IngestExternalFileOptions, Options, Rdict, ReadOptions, SstFileWriter
@@ -135,9 +136,9 @@ class NodeDB:
         the files go in (the partitions' locks). ``holds[path]``: the partitions an export holds, when more than
         those taken from it (their keys are checked, and left out).
 
-        All in one go, whatever their number: one scratch RocksDB per state checks every export's files, one range
-        deletion per partition, one ingestion per state (a partition at a time cost a scratch RocksDB per file and
-        a memtable flush per partition: 61 % of a joining node's CPU at P=271)."""
+        All in one go, whatever their number: a scratch RocksDB per export and state checks its file, then one
+        range deletion per partition and one ingestion per state (a partition at a time cost a scratch RocksDB per
+        file and a memtable flush per partition: 61 % of a joining node's CPU at P=271)."""
         if not copies:
             return
         staging = os.path.join(os.path.dirname(self.path), f"import.{uuid.uuid4().hex}")
@@ -158,7 +159,7 @@ class NodeDB:
                 if replace:
                     for pid in copies:
                         self.drop(pid)
-                for name, paths in files.items():  # disjoint ranges: one ingestion (one memtable flush) per state
+                for name, paths in files.items():  # one ingestion (one memtable flush) per state: their keys are disjoint
                     if paths:
                         self.families[name].ingest_external_file(paths, _moving())
         finally:
@@ -237,11 +238,9 @@ def _checked(exports: Mapping[int, str], staging: str, holds: Mapping[str, Itera
             if name in named:
                 raise ProtocolError(f"the copy of partitions {sorted(pids)[:8]} names state {state!r} twice in {STATES}")
             named.add(name)
-            files.setdefault(name, [])
             checked = _check_file(os.path.join(copy, f"{i:04d}{SST}"), name, set(holds.get(copy, pids)), set(pids),
                                   os.path.join(staging, f"check.{n}.{i}"))
-            if checked:
-                files.setdefault(name, []).append(checked)
+            files.setdefault(name, []).extend([checked] if checked else [])
     return files
 
 

@@ -70,3 +70,58 @@ def test_a_copy_asked_of_a_node_that_handed_the_partition_on_is_refused_at_once(
             channel.close()
         rs.value_state("after").put("k", "v")
         assert rs.value_state("after").get("k") == "v"
+
+
+@gen_cluster(nodes=2, partitions=PARTITIONS, backup_count=1)
+def test_a_backup_of_an_earlier_version_asking_a_copy_per_partition_gets_an_export_of_each(cluster):
+    """A backup asks its copies as one export (``ReplicaCopyGroup``); one of an earlier version asks a
+    ``ReplicaCopy`` and must still get an export per partition, which it takes as before (never a group it would
+    read as empty copies)."""
+    import asyncio
+    import shutil
+    import tempfile
+
+    from rockstate.cluster.transfer import receive_files
+    from rockstate.config import StoreConfig
+    from rockstate.rpc.async_client import AsyncChannel
+    from rockstate.store import Store
+
+    cluster.wait_replicated(60)
+    with cluster.connect() as rs:
+        keys = keys_for(rs, per_partition=20)
+        rs.value_state("copied").put_many({k: "v" for k in keys})
+        table = rs.backend.refresh()
+    pids = [pid for pid in range(PARTITIONS) if table.owners[pid] == table.owners[0]][:2]
+    backup = table.backups_of(pids[0])[0]
+    root = tempfile.mkdtemp()
+
+    async def ask(msg):
+        channel = AsyncChannel(table.addresses[table.owners[0]])
+        try:
+            def consume(answer, read_into):
+                for pid, files in answer["parts"]:
+                    receive_files(files, f"{root}/{type(msg).__name__}-{pid}", read_into)
+                if "files" in answer:
+                    receive_files(answer["files"], f"{root}/{type(msg).__name__}", read_into)
+                return answer
+            return await channel.stream(msg, consume)
+        finally:
+            await channel.close()
+
+    try:
+        fields = {"partitions": pids, "node": backup, "epochs": [table.replica_epoch(pid) for pid in pids]}
+        old = asyncio.run(ask(p.ReplicaCopy(**fields)))
+        assert "files" not in old and all({"0000.sst", "states.json"} <= {f for f, _ in files} for _, files in old["parts"])
+        group = asyncio.run(ask(p.ReplicaCopyGroup(**fields)))
+        assert [files for _, files in group["parts"]] == [[], []] and {"0000.sst", "states.json"} <= {f for f, _ in group["files"]}
+        for copies in ({pid: (f"{root}/ReplicaCopy-{pid}", pid) for pid in pids},
+                       {pid: (f"{root}/ReplicaCopyGroup", pid) for pid in pids}):
+            store = Store(f"{root}/store", StoreConfig(partitions=PARTITIONS), owned=[])
+            try:
+                store.replace_partitions(copies, {"copied": {"name": "copied", "kind": "value"}})
+                assert [len(store.scan(pid, "copied", limit=100)) for pid in pids] == [20, 20]
+            finally:
+                store.close()
+                shutil.rmtree(f"{root}/store")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

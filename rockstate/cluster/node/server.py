@@ -138,6 +138,7 @@ class Node:
             p.ReplicaApply: backups.apply,
             p.ReplicaPositions: backups.positions,
             p.ReplicaCopy: copies.copy,
+            p.ReplicaCopyGroup: copies.copy_group,
             p.ReplicaCatchUp: copies.catch_up,
             # the coordinator's status page (metrics.py)
             p.NodeFigures: metrics.figures,

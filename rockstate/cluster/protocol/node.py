@@ -219,6 +219,15 @@ class ReplicaCopy(Ranged, Message):
     epochs: list | None = None  # each partition's replica epoch the backup was told to copy at (None: a node before them)
 
 
+class ReplicaCopyGroup(ReplicaCopy):
+    """``ReplicaCopy``, the copies as one export (a file per state for all of them): answers {"parts": [[pid, []],
+    ...], "files": [[name, size], ...]}, then streams the files' bytes in that order. Its own operation, so a
+    primary of an earlier version refuses it (the backup then asks a ``ReplicaCopy``), and a backup of an earlier
+    version, which asks a ``ReplicaCopy``, never gets a group it would take for empty copies."""
+
+    op = "replica_copy_group"
+
+
 class ReplicaCatchUp(Message):
     """From the coordinator, to a new or returning backup: copy ``partitions`` ([[pid, replica epoch], ...]) from
     their primary at ``source``, in one transfer; their primary then ships it the batches after each copy and reports

@@ -22,7 +22,7 @@ import shutil
 import time
 from typing import Awaitable, Callable
 
-from ...errors import ClusterError, PartitionUnavailableError, ProtocolError, RockstateError
+from ...errors import ClusterError, PartitionUnavailableError, ProtocolError, RockstateError, UnknownOperationError
 from ...rpc import Stream
 from ...rpc.async_client import AsyncChannel
 from ...store import Store
@@ -74,18 +74,29 @@ class ReplicaCopies:
     # -- on the primary ---------------------------------------------------------------
 
     async def copy(self, msg: p.ReplicaCopy, conn: object) -> Stream:
-        store = self._store_of()
-        pids = sorted({store.check_pid(pid) for pid in msg.partitions})
-        epochs = _epochs(msg)
-        served = await self._served(pids, msg.node, epochs)
-        if not served:
-            raise PartitionUnavailableError(f"this node is not the primary of partitions {pids[:8]} with backup {msg.node}",
-                                            partition=pids[0] if pids else None)
+        """The copies, an export each (what a backup of an earlier version asks for)."""
+        served = await self._serving(msg)
+        names = [_name(pid, msg.node) for pid in served]
+        await asyncio.to_thread(lambda: [self._take([pid], msg.node, name) for pid, name in zip(served, names)])
+        listings = [self.source.listing(name) for name in names]
+        return Stream({"parts": [list(part) for part in zip(served, listings)]}, self.source.chunks(list(zip(names, listings))))
+
+    async def copy_group(self, msg: p.ReplicaCopyGroup, conn: object) -> Stream:
+        """The copies as one export: a file per state for all of them, not per partition."""
+        served = await self._serving(msg)
         name = _name(served[0], msg.node)
         await asyncio.to_thread(self._take, served, msg.node, name)
         files = self.source.listing(name)
-        # every partition's keys in one export (a file per state): its pids in "parts", their files in "files"
         return Stream({"parts": [[pid, []] for pid in served], "files": files}, self.source.chunks([(name, files)]))
+
+    async def _serving(self, msg: p.ReplicaCopy) -> list[int]:
+        store = self._store_of()
+        pids = sorted({store.check_pid(pid) for pid in msg.partitions})
+        served = await self._served(pids, msg.node, _epochs(msg))
+        if not served:
+            raise PartitionUnavailableError(f"this node is not the primary of partitions {pids[:8]} with backup {msg.node}",
+                                            partition=pids[0] if pids else None)
+        return served
 
     async def _served(self, pids: list[int], node: str, epochs: dict[int, int]) -> list[int]:
         """Those of ``pids`` this node is primary of with backup ``node``, waiting up to ``OPENING`` seconds for the
@@ -184,8 +195,11 @@ class ReplicaCopies:
                     got.update({pid: size // max(1, len(got)) for pid in got})
                 return got
 
-            await self._peer(source).stream(p.ReplicaCopy(partitions=pids, node=me, epochs=[epochs[pid] for pid in pids]),
-                                            receive, timeout=600.0)
+            fields = {"partitions": pids, "node": me, "epochs": [epochs[pid] for pid in pids]}
+            try:
+                await self._peer(source).stream(p.ReplicaCopyGroup(**fields), receive, timeout=600.0)
+            except UnknownOperationError:  # a primary of an earlier version: an export per partition
+                await self._peer(source).stream(p.ReplicaCopy(**fields), receive, timeout=600.0)
             steps.append(time.perf_counter())
             keep = {pid: (where.get(pid, targets[pid]), pid) for pid in got if pid not in self._cancelled}  # its exports
             await asyncio.to_thread(store.replace_partitions, keep, None, {group: list(got)})  # (some may be cancelled)
