@@ -266,7 +266,7 @@ def _check_file(path: str, state: str, holds: set[int], wanted: set[int], scratc
             if pid not in holds and gap is None:
                 gap = pid
             elif pid in holds and gap is not None:  # keys in [gap, pid)?
-                found = next(iter(db.keys(from_key=prefix(gap))), None)
+                found: Any = next(iter(db.keys(from_key=prefix(gap))), None)
                 outside, gap = found is not None and found < prefix(pid), None
                 if outside:
                     break
@@ -276,8 +276,8 @@ def _check_file(path: str, state: str, holds: set[int], wanted: set[int], scratc
         if not holds - wanted:
             return os.path.join(scratch, live["name"].lstrip("/"))
         reads = [_upto(bounds(pid)[1]) for pid in sorted(wanted)]  # alive while the iterators run
-        keys = chain.from_iterable(db.keys(from_key=prefix(pid), read_opt=r) for pid, r in zip(sorted(wanted), reads))
-        values = chain.from_iterable(db.values(from_key=prefix(pid), read_opt=r) for pid, r in zip(sorted(wanted), reads))
+        keys: Any = chain.from_iterable(db.keys(from_key=prefix(pid), read_opt=r) for pid, r in zip(sorted(wanted), reads))
+        values: Any = chain.from_iterable(db.values(from_key=prefix(pid), read_opt=r) for pid, r in zip(sorted(wanted), reads))
         taken = f"{scratch}.taken{SST}"
         return taken if _write_sst(Options(raw_mode=True), taken, keys, values) else ""
     finally:

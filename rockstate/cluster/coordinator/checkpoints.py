@@ -49,7 +49,7 @@ class NodeParticipant:
         if not is_group(answer):  # a list: a manifest each (a node of an earlier version)
             return answer
         try:
-            return from_group(answer)
+            return list(from_group(answer))
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"node {self.node_id} acked checkpoint {checkpoint_id} with a malformed manifest: {e}") from None
 

@@ -360,7 +360,7 @@ class Node:
             raise CheckpointsNotConfiguredError("the cluster has no checkpoint storage (start the coordinator with --checkpoints URL)")
         return self.checkpoints
 
-    async def snapshot_partitions(self, msg: p.SnapshotPartitions, conn: Connection) -> list:
+    async def snapshot_partitions(self, msg: p.SnapshotPartitions, conn: Connection) -> dict | list:
         pids = [self.gate.check(pid, self.table.epoch, leased=False) for pid in msg.partitions]  # the coordinator asks
         manifests = await self._checkpoints().snapshot(msg.checkpoint, msg.retained, pids)
         return group_dict(manifests) if manifests else []  # the files once, not once per partition

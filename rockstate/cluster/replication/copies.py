@@ -77,7 +77,10 @@ class ReplicaCopies:
         """The copies, an export each (what a backup of an earlier version asks for)."""
         served = await self._serving(msg)
         names = [_name(pid, msg.node) for pid in served]
-        await asyncio.to_thread(lambda: [self._take([pid], msg.node, name) for pid, name in zip(served, names)])
+        def take_each() -> None:
+            for pid, name in zip(served, names):
+                self._take([pid], msg.node, name)
+        await asyncio.to_thread(take_each)
         listings = [self.source.listing(name) for name in names]
         return Stream({"parts": [list(part) for part in zip(served, listings)]}, self.source.chunks(list(zip(names, listings))))
 
@@ -195,11 +198,11 @@ class ReplicaCopies:
                     got.update({pid: size // max(1, len(got)) for pid in got})
                 return got
 
-            fields = {"partitions": pids, "node": me, "epochs": [epochs[pid] for pid in pids]}
+            asked = [epochs[pid] for pid in pids]
             try:
-                await self._peer(source).stream(p.ReplicaCopyGroup(**fields), receive, timeout=600.0)
+                await self._peer(source).stream(p.ReplicaCopyGroup(partitions=pids, node=me, epochs=asked), receive, timeout=600.0)
             except UnknownOperationError:  # a primary of an earlier version: an export per partition
-                await self._peer(source).stream(p.ReplicaCopy(**fields), receive, timeout=600.0)
+                await self._peer(source).stream(p.ReplicaCopy(partitions=pids, node=me, epochs=asked), receive, timeout=600.0)
             steps.append(time.perf_counter())
             keep = {pid: (where.get(pid, targets[pid]), pid) for pid in got if pid not in self._cancelled}  # its exports
             await asyncio.to_thread(store.replace_partitions, keep, None, {group: list(got)})  # (some may be cancelled)
