@@ -189,7 +189,7 @@ class CoordinatorConfig(Settings):
     data_dir: str = Field("./rockstate-coordinator", description="where the table, membership and catalog are kept")
     partitions: int = Field(271, ge=1, le=65536, description="P, for a new cluster; an existing one keeps its own")
     heartbeat_timeout: float = Field(5.0, gt=0, description="seconds of silence after which a node is dead; a node cut off from the coordinator stops serving after half of it")
-    max_concurrent_migrations: int = Field(2, ge=1, description="copies in flight at once: with backup_count 0, partitions moving; with backups, transfers of backup copies, each carrying up to 128 partitions of one primary to one backup (a join or a leave runs up to 256 handovers at once)")
+    max_concurrent_migrations: int = Field(2, ge=1, description="copies in flight at once: with backup_count 0, partitions moving; with backups, transfers of backup copies, each carrying up to 512 partitions of one primary to one backup, as one export (a join or a leave runs up to 256 handovers at once)")
     initial_cluster_size: int = Field(1, ge=1, description="a new cluster assigns its partitions once this many nodes have joined (no moves while the first nodes come up one by one); later joins rebalance at once")
     live_migration: bool = Field(True, description="copy a moving partition while it serves and freeze it only for the last delta; False: freeze for the whole copy")
     backup_count: int = Field(1, ge=0, le=8, description="backups of every partition on other nodes (other zones when nodes have --zone), kept in sync by its primary; a node death loses no acknowledged write; 0: none, a dead node's partitions come back from the latest checkpoint")

@@ -14,7 +14,7 @@ from ...errors import RockstateError
 
 log = logging.getLogger(__name__)
 
-BATCH = 128  # partitions one transfer carries at most
+BATCH = 512  # partitions one transfer carries at most
 LINGER = 0.05  # seconds a transfer waits for more partitions before it starts
 
 Send = Callable[[str, str, dict[int, int]], Awaitable[dict]]
