@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 CATCH_UP_TIMEOUT = 600.0
 LEAVE_TIMEOUT = 300.0  # seconds a leaving node's backups may take to be replaced
 PLAN_AGE = 2.0  # seconds a replica plan serves handovers for
+SOON = 0.05  # seconds ensure_soon waits for more reports before a round
 STUCK = 10  # replica timeouts a backup may stay out of sync before it copies anew (a copy under load takes seconds to stream level)
 
 
@@ -76,6 +77,7 @@ class ReplicaControl:
         self._copies = CopyBatches(self._send_catch_up, config.max_concurrent_migrations)
         self._plan: tuple[float, replica_placement.ReplicaPlan] | None = None  # (when, the plan): see _planned
         self._ensuring = self._again = False  # ensure_soon's round running, and another wanted after it
+        self._planned_steps = False  # the last replica plan had steps (each begun once the one before is in sync)
         self.load({}, [])
 
     def load(self, saved: dict, owners: Sequence[str | None]) -> None:
@@ -265,8 +267,9 @@ class ReplicaControl:
             if s.primary != msg.node_id:
                 continue  # a deposed primary's report
             if kind == Report.CAUGHT_UP:
+                was_in_sync = backup in s.in_sync  # (a primary says so again until its table has it in sync)
                 done = self.sets.caught_up(pid, backup, epoch)
-                in_sync |= backup in s.in_sync
+                in_sync |= not was_in_sync and backup in self.sets[pid].in_sync
                 log.debug("%s: %s caught up at epoch %d (now %d, copying %s): %s", msg.node_id, backup, epoch, s.epoch,
                           (pid, backup) in self.sets.copying, "in sync" if backup in s.in_sync else "refused")
                 actions += done
@@ -280,8 +283,8 @@ class ReplicaControl:
                 # diverged (no copy open, or the primary's copy was restored or got an SST file): only a copy brings it back
                 actions += [a for a in done if kind == Report.DIVERGED or not isinstance(a, CatchUp)]
         await self.carry_out(actions)
-        if in_sync:
-            self.ensure_soon()
+        if in_sync and self._planned_steps:
+            self.ensure_soon()  # the last plan had steps to take (a join, a leave): the next may go now
 
     def ensure_soon(self) -> None:
         """``ensure`` now rather than at the monitor's next round (a join's backups move in steps, each begun once
@@ -295,6 +298,7 @@ class ReplicaControl:
         async def rounds() -> None:
             try:
                 while True:
+                    await asyncio.sleep(SOON)  # the reports of one burst go together
                     self._again = False
                     await self.ensure()
                     if not self._again:
@@ -321,6 +325,7 @@ class ReplicaControl:
         for node in sorted({n for n in self.sets.lost().values() if statuses.get(n) is MemberStatus.ALIVE}):
             await self.carry_out(self.sets.returned(node))
         plan = replica_placement.plan(self.sets.table(), statuses, self.backup_count, self.zones)
+        self._planned_steps = bool(plan.steps)
         lost, actions = self.sets.lost(), []
         for step in plan.steps:
             s = self.sets[step.partition]
