@@ -36,7 +36,7 @@ soak: setup
 # tests/scale/test_scale.py (also in make test: P=271, 4+ nodes, a join, a kill -9 and a graceful leave under writes, the history
 # checked, no event loop stalled past a third of the lease), then 3, 8 and 16 node processes at P=1024 with backups (issue 33: bench/scale.py's node-count curve): start-up, put and
 # get, a checkpoint, a kill -9 until served, a join and a graceful leave until balanced, the coordinator's CPU at rest,
-# the table's size, the worst event-loop lag; each as a ratio to 3 nodes (~15-30 minutes on 2 cores)
+# the table's size, the worst event-loop lag; each as a ratio to 3 nodes (~2-5 minutes on 2 cores)
 scale: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests/scale/test_scale.py
 	$(PY) bench/scale.py --partitions "" --nodes 3,8,16 --no-embedded --keys $${BENCH_SCALE_KEYS:-20000}
