@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import os
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -126,8 +127,14 @@ def run(args: argparse.Namespace) -> bool:
             load.wait_ops(10, timeout=60)
             for kind, seconds in schedule:
                 at = time.monotonic() - started
-                what = chaos.act(kind, seconds)
-                load.wait_ops(5, timeout=60)  # every client goes on
+                try:
+                    what = chaos.act(kind, seconds)
+                    load.wait_ops(5, timeout=60)  # every client goes on
+                except Exception:
+                    kept = shutil.copytree(os.path.join(root, "logs"), tempfile.mkdtemp(prefix=f"rockstate-kv-chaos-{args.seed}-logs-"),
+                                           dirs_exist_ok=True)  # the cluster's directory goes with the run
+                    print(f"  {at:6.1f}s  {kind} failed; the processes' logs are kept in {kept}", flush=True)
+                    raise
                 print(f"  {at:6.1f}s  {what}; whole again after {time.monotonic() - started - at:.1f}s", flush=True)
         read_back(admin, history, keys)
         events = [e["event"] for e in admin.backend.events()]
