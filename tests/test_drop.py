@@ -209,3 +209,15 @@ def test_a_copy_holds_exactly_the_writes_before_it_and_a_move_records_the_rest(t
     finally:
         store.close()
         other.close()
+
+
+def test_an_import_a_crash_cut_short_is_removed_when_the_store_opens(tmp_path):
+    path = str(tmp_path / "s")
+    Store(path, StoreConfig(partitions=4)).close()
+    left = os.path.join(path, "import.0123abcd")
+    os.makedirs(os.path.join(left, "check.0.0"))  # a scratch RocksDB's folder, as a killed process leaves it
+    store = Store(path, StoreConfig(partitions=4))
+    try:
+        assert not os.path.exists(left)
+    finally:
+        store.close()

@@ -381,5 +381,4 @@ def _refs(manifests: list[PartitionManifest]) -> list[ManifestRef]:
         groups.setdefault(manifest_location(m), []).append(m)
     stored = {path: group_bytes(ms) if ms[0].key_group is not None and ms[0].format >= 3 else None  # (2: a bundle)
               for path, ms in groups.items()}
-    return [ManifestRef.of(m, path, stored[path]) for m in manifests for path in (manifest_location(m),)]
-
+    return [ManifestRef.of(m, manifest_location(m), stored[manifest_location(m)]) for m in manifests]

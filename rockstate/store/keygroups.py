@@ -42,6 +42,7 @@ from .resources import Resources
 _PREFIX = struct.Struct(">I")
 PREFIX_BYTES = _PREFIX.size
 SST, STATES = ".sst", "states.json"  # an export's files
+IMPORTING = "import."  # a folder beside the RocksDB where copies are checked before they go in
 
 
 def prefix(pid: int) -> bytes:
@@ -60,6 +61,10 @@ class NodeDB:
         self.path = path
         self._resources = resources
         self._mutex = threading.Lock()
+        parent = os.path.dirname(path)  # the store's folder: an import a crash cut short goes (opened once: none runs)
+        for name in os.listdir(parent) if os.path.isdir(parent) else ():
+            if name.startswith(IMPORTING):
+                shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
         opts = resources.options()
         names = Rdict.list_cf(path, opts) if os.path.exists(os.path.join(path, "CURRENT")) else ["default"]
         wanted = [n for n in dict.fromkeys([*names, *states]) if n != "default"]
@@ -141,7 +146,7 @@ class NodeDB:
         file and a memtable flush per partition: 61 % of a joining node's CPU at P=271)."""
         if not copies:
             return
-        staging = os.path.join(os.path.dirname(self.path), f"import.{uuid.uuid4().hex}")
+        staging = os.path.join(os.path.dirname(self.path), f"{IMPORTING}{uuid.uuid4().hex}")
         os.makedirs(staging)
         try:
             exports = {pid: path for pid, (path, _) in copies.items() if not _is_rocksdb(path)}
