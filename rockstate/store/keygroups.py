@@ -66,7 +66,7 @@ class NodeDB:
             if name.startswith(IMPORTING):
                 shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
         opts = resources.options()
-        names = Rdict.list_cf(path, opts) if os.path.exists(os.path.join(path, "CURRENT")) else ["default"]
+        names = Rdict.list_cf(path, opts) if is_rocksdb(path) else ["default"]
         wanted = [n for n in dict.fromkeys([*names, *states]) if n != "default"]
         self.db = Rdict(path, opts, column_families={n: resources.options() for n in wanted})
         # Any: rocksdict's stubs take a multi-get's keys as an invariant list of scalars, not list[bytes]
@@ -149,7 +149,7 @@ class NodeDB:
         staging = os.path.join(os.path.dirname(self.path), f"{IMPORTING}{uuid.uuid4().hex}")
         os.makedirs(staging)
         try:
-            exports = {pid: path for pid, (path, _) in copies.items() if not _is_rocksdb(path)}
+            exports = {pid: path for pid, (path, _) in copies.items() if not is_rocksdb(path)}
             files = _checked(exports, staging, holds)
             by_source: dict[str, dict[int, int | None]] = {}
             for pid, (path, source) in copies.items():
@@ -223,7 +223,7 @@ def _write_sst(opts: Options, path: str, keys: Iterator[bytes], values: Iterator
     return True
 
 
-def _is_rocksdb(path: str) -> bool:
+def is_rocksdb(path: str) -> bool:
     return os.path.exists(os.path.join(path, "CURRENT"))
 
 

@@ -35,7 +35,7 @@ from ..files import read_json, write_json
 from . import requests
 from .catalog import StateSpec, unknown_state
 from .checks import check_compare_and_set, check_ops
-from .keygroups import NodeDB
+from .keygroups import NodeDB, is_rocksdb
 from .partition import Partition
 from .resources import Resources
 from .trash import Trash
@@ -150,7 +150,7 @@ class Store:
                     return part
             try:
                 old = self.partition_path(pid)
-                if os.path.exists(os.path.join(old, "CURRENT")):
+                if is_rocksdb(old):
                     self.db.import_copies({pid: (old, None)})
                     self._trash.discard(old)
                 part = Partition(pid, self.db, self.specs)
