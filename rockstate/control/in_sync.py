@@ -99,7 +99,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence, cast
+from typing import Iterable, Mapping, Sequence, cast, overload
 
 
 @dataclass
@@ -173,7 +173,16 @@ class InSyncSets:
     def table(self) -> list[list[str]]:
         """Partition -> [primary, backups...], the planner's input. One without a primary names its dead one,
         so the planner leaves it to the election or the restore."""
-        return [[self._lost[pid], *s.backups] if pid in self._lost else s.replicas() for pid, s in enumerate(self.sets)]
+        return [self.replicas(pid) for pid in range(len(self.sets))]
+
+    def replicas(self, pid: int) -> list[str]:
+        """``table()[pid]``, alone."""
+        s = self.sets[pid]
+        return [self._lost[pid], *s.backups] if pid in self._lost else s.replicas()
+
+    def view(self) -> "TableView":
+        """``table()``, each partition's built when read (a handover reads one, or all only when it needs more replicas)."""
+        return TableView(self)
 
     def _publish(self, pid: int) -> Publish:
         s = self.sets[pid]
@@ -352,3 +361,23 @@ class InSyncSets:
         del self._lost[pid]
         s.primary, s.backups, s.in_sync = node, [], {node}
         return [self._publish(pid)]
+
+
+class TableView(Sequence[list[str]]):
+    """``InSyncSets.table()`` as a sequence that builds each partition's entry when it is read."""
+
+    def __init__(self, sets: InSyncSets) -> None:
+        self._sets = sets
+
+    def __len__(self) -> int:
+        return len(self._sets.sets)
+
+    @overload
+    def __getitem__(self, pid: int) -> list[str]: ...
+    @overload
+    def __getitem__(self, pid: slice) -> list[list[str]]: ...
+
+    def __getitem__(self, pid: int | slice) -> list[str] | list[list[str]]:
+        if isinstance(pid, slice):
+            return self._sets.table()[pid]
+        return self._sets.replicas(pid)

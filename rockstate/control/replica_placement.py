@@ -34,6 +34,10 @@ starts empty), ``PROMOTE`` an in-sync replica to primary (an epoch bump),
 ``DROP`` a replica. Adds precede drops, so a partition never has fewer
 in-sync replicas during a change than before it.
 
+``under_way(replicas, handovers, intended)``: the sets a plan starts from
+while changes are under way: as the handovers and the steps begun will leave
+them (a plan of the sets half-way undoes what the last one began).
+
 ``handover_adds(...)``: the replicas to add before a primary moves by a
 handover (``migration.Handover``), which takes its old primary out of the
 set: the target if it is no replica yet, and as many more as keep
@@ -215,6 +219,30 @@ def handover_adds(replicas: Replicas, pid: int, source: str, target: str, in_syn
     planned = wanted() if wanted is not None else plan(replicas, statuses, backup_count, zones).target[pid]
     free.sort(key=lambda n: (n not in planned, load[n], n))
     return adds + free[:need]
+
+
+def under_way(replicas: Replicas, handovers: Mapping[int, tuple[str, str]], intended: Mapping[int, Sequence[str]]
+              ) -> tuple[list[list[str]], dict[int, list[str]], dict[int, list[str]]]:
+    """The replica sets as the changes under way will leave them, for ``plan``: a handover's (``handovers``: pid ->
+    (source, target)) ends with the target primary and the source gone; a partition whose replicas were added for
+    ``intended[pid]`` (a plan's target) ends there once its drops are done. Planned from the sets half-way, with a
+    new replica beside the one it replaces, a plan kept the old and put the backup elsewhere, which the next plan
+    undid: a P=1024 join made 690 copies where 512 do.
+
+    Answers the sets; per partition, the replicas still to drop; and the intended sets still under way (one
+    reached, or undone -- a replica gone, another primary, a handover -- is not)."""
+    view = [list(r) for r in replicas]
+    for pid, (source, target) in handovers.items():
+        view[pid] = [target, *(n for n in view[pid] if n not in (source, target))]
+    due: dict[int, list[str]] = {}
+    going: dict[int, list[str]] = {}
+    for pid, aim in intended.items():
+        now = view[pid]
+        if pid in handovers or not now or now[0] != aim[0] or not set(aim) <= set(now) or len(now) == len(aim):
+            continue
+        due[pid] = [n for n in now if n not in aim]
+        going[pid] = view[pid] = list(aim)
+    return view, due, going
 
 
 def _steps(current: list[list[str]], target: list[list[str]]) -> list[ReplicaStep]:

@@ -45,6 +45,7 @@ gap ``ReplicaBehindError``. ``applied(seq)`` once it is applied;
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Iterable, Mapping
@@ -74,18 +75,23 @@ class PrimaryAcks:
         self.reported: set[str] = set()  # joining ones reported caught up to the coordinator
         self.position = dict(positions)
         self.last_sent = self.acked = last_seq
-        self._sent: dict[int, float] = {}  # seq -> when it was sent; not yet applied by every member waited for
+        self._sent: deque[tuple[int, float]] = deque()  # (seq, when it was sent), in order; not yet applied by all waited for
 
     def waits(self) -> set[str]:
         return self.in_sync | self.joining
 
     def send(self, now: float) -> Batch:
-        self.last_sent += 1
-        self._sent[self.last_sent] = now
+        self.sent_through(self.last_sent + 1, now)
+        return Batch(self.last_sent, self.epoch, self.acked >= self.last_sent)
+
+    def sent_through(self, seq: int, now: float) -> None:
+        """``send`` of every batch through ``seq`` (the primary's hot path: no ``Batch`` made per write)."""
+        self._sent.extend((s, now) for s in range(self.last_sent + 1, seq + 1))
+        self.last_sent = max(self.last_sent, seq)
         if self.replication is Replication.ASYNC:
             self.acked = self.last_sent
-        self._advance()
-        return Batch(self.last_sent, self.epoch, self.acked >= self.last_sent)
+        if not (self.in_sync or self.joining):
+            self._advance()
 
     def applied(self, backup: str, seq: int) -> list[int]:
         if backup in self.position and seq > self.position[backup]:  # a dropped backup's late answer: ignored
@@ -120,7 +126,8 @@ class PrimaryAcks:
     def overdue(self, now: float, max_lag: float) -> list[str]:
         late = []
         for backup in sorted(self.waits()):
-            oldest = min((at for seq, at in self._sent.items() if seq > self.position[backup]), default=None)
+            position = self.position[backup]
+            oldest = next((at for seq, at in self._sent if seq > position), None)  # in order: the first found
             if oldest is not None and now - oldest > max_lag:
                 late.append(backup)
                 if backup in self.joining and backup not in self.reported:
@@ -131,8 +138,9 @@ class PrimaryAcks:
     def _advance(self) -> list[int]:
         waits = self.in_sync | self.joining if self.joining else self.in_sync
         through = min(map(self.position.__getitem__, waits), default=self.last_sent)  # per write: a C loop
-        for seq in [s for s in self._sent if s <= through]:
-            del self._sent[seq]
+        sent = self._sent
+        while sent and sent[0][0] <= through:
+            sent.popleft()
         if self.replication is Replication.ASYNC or through <= self.acked:
             return []
         newly = list(range(self.acked + 1, through + 1))

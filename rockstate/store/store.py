@@ -16,8 +16,8 @@ import fcntl
 import os
 import threading
 import uuid
-from contextlib import ExitStack
-from typing import IO, Any, Callable, Iterable, Mapping, cast
+from contextlib import contextmanager
+from typing import IO, Any, Callable, Iterable, Iterator, Mapping, cast
 
 from rocksdict import WriteBatch
 
@@ -241,9 +241,7 @@ class Store:
         locks = sorted({part.pid: part for part in parts}.values(), key=lambda part: part.pid)
         if len(locks) < len(parts) or len(parts) == 1:  # one partition (or one twice: each group its own write)
             return [self._write_one(part, ops, request) for part, (_, ops) in zip(parts, groups)]
-        with ExitStack() as held:
-            for part in locks:  # in partition order: two requests never wait for each other's
-                held.enter_context(part.lock)
+        with holding(part.lock for part in locks):  # in partition order: two requests never wait for each other's
             batch = WriteBatch(raw_mode=True)
             written = []
             for part, (pid, ops) in zip(parts, groups):
@@ -379,6 +377,21 @@ class ReplicatedWrites:
         for done in self._done.values():
             done()
         self._batch, self._done = WriteBatch(raw_mode=True), {}
+
+
+@contextmanager
+def holding(locks: Iterable[Any]) -> Iterator[None]:
+    """Every lock of ``locks``, taken in their order and released in reverse (an ExitStack, with its wrapper per
+    lock, was 5 % of the nodes' CPU under batch puts at P=1024)."""
+    taken = []
+    try:
+        for lock in locks:
+            lock.acquire()
+            taken.append(lock)
+        yield
+    finally:
+        for lock in reversed(taken):
+            lock.release()
 
 
 def not_bytes(e: Exception, what: str) -> Exception:

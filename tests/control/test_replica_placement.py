@@ -6,7 +6,7 @@ from collections import Counter
 from rockstate.control.assignment import assign
 from rockstate.control.membership import MemberStatus
 from rockstate.control.placement import rebalance
-from rockstate.control.replica_placement import ReplicaStep, StepKind, plan
+from rockstate.control.replica_placement import ReplicaStep, StepKind, plan, under_way
 
 ALIVE, DEAD, LEAVING = MemberStatus.ALIVE, MemberStatus.DEAD, MemberStatus.LEAVING
 ADD, PROMOTE, DROP = StepKind.ADD, StepKind.PROMOTE, StepKind.DROP
@@ -59,6 +59,42 @@ def test_a_join_changes_only_the_new_members_share():
     assert {s.node for s in adds} == {"node-4"} and len(adds) == 3 + 3  # its primaries and its backups
     assert len([s for s in p.steps if s.kind is DROP]) == len(adds)
     assert plan(p.target, members(1, 2, 3, 4), backup_count=1).steps == []  # stable once reached
+
+
+def test_a_join_planned_again_half_way_keeps_to_the_first_plan_and_copies_only_the_new_members_share():
+    """A coordinator plans each round from the sets as they are. Half-way through a join (handovers under way, new
+    backups beside the ones they replace), a plan of the sets as they stand put backups elsewhere that the next
+    plan took back: 690 copies in a P=1024 join where 512 do. ``under_way`` plans from where the changes lead."""
+    three, four = members(1, 2, 3), members(1, 2, 3, 4)
+    before = plan([[]] * 1024, three, backup_count=1).target
+    first = plan(before, four, backup_count=1)
+    moves = {m.partition: (m.source, m.target) for m in first.moves(before)}
+    assert len(moves) == 256
+    # half-way: each handover's target added as a replica, each other new backup added beside the one it replaces
+    sets = [list(r) for r in before]
+    intended = {}
+    for pid, (source, target) in moves.items():
+        sets[pid] = [source, *before[pid][1:], target]
+    for step in first.steps:
+        if step.kind is ADD and step.partition not in moves:
+            sets[step.partition].append(step.node)
+            intended[step.partition] = first.target[step.partition]
+    assert len(intended) == 256
+    as_they_stand = plan(sets, four, backup_count=1)
+    assert {s.node for s in as_they_stand.steps if s.kind is ADD} != {"node-4"}  # the waste this avoids
+    view, due, going = under_way(sets, moves, intended)
+    again = plan(view, four, backup_count=1)
+    assert again.steps == [] and view == first.target  # nothing new: the first plan stands
+    assert going == intended and due == {pid: [n for n in sets[pid] if n not in first.target[pid]] for pid in intended}
+    assert all(len(nodes) == 1 and nodes[0] != "node-4" for nodes in due.values())
+    # once a partition's drop is done (or its replica is gone, or its primary changed), it is no longer under way
+    done = dict(intended)
+    pid = next(iter(done))
+    sets[pid] = list(first.target[pid])
+    other = next(p for p in done if p != pid)
+    sets[other] = sets[other][:2]  # its new backup gone (a failed copy): the old one stays
+    _, due, going = under_way(sets, {}, done)
+    assert pid not in going and other not in going and len(going) == len(done) - 2
 
 
 def test_a_leave_moves_the_leaving_members_replicas_and_no_others():

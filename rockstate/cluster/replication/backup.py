@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from contextlib import ExitStack
 from typing import Callable
 
 from ...control.write_acks import BackupApply
 from ...errors import ProtocolError, ReplicaBehindError, RockstateError, StaleEpochError
 from ...store import Store
-from ...store.store import ReplicatedWrites
+from ...store.store import ReplicatedWrites, holding
 from .. import protocol as p
 from .outcomes import Applied
 
@@ -73,9 +72,7 @@ class Backups:
                 parts[pid] = store.partition(pid)
             except RockstateError:  # its copy closed meanwhile (dropped, replaced)
                 status[pid] = Applied.NOT_READY
-        with ExitStack() as held:
-            for pid in sorted(parts):  # in partition order, as a write's: never two holders waiting for each other
-                held.enter_context(parts[pid].lock)
+        with holding(parts[pid].lock for pid in sorted(parts)):  # in partition order, as a write's: never two waiting for each other
             writes = ReplicatedWrites(store)
             for pid, epoch, seq, stored in items:
                 backup = self._applies.get(pid)
@@ -90,7 +87,10 @@ class Backups:
                 try:
                     if backup.check(epoch, seq):
                         writes.add(parts[pid], seq, stored, backup.applied)
-                        self._tails.setdefault(pid, deque(maxlen=TAIL)).append((seq, stored))
+                        tail = self._tails.get(pid)
+                        if tail is None:
+                            tail = self._tails[pid] = deque(maxlen=TAIL)
+                        tail.append((seq, stored))
                     status[pid] = Applied.OK
                 except StaleEpochError:
                     status[pid] = Applied.STALE

@@ -41,7 +41,7 @@ from typing import Awaitable, Callable, Coroutine, Mapping, Sequence
 
 from ...config import CoordinatorConfig
 from ...control import placement, replica_placement
-from ...control.in_sync import AskPositions, CatchUp, InSyncSets, Promoted, Publish, RestoreFromCheckpoint
+from ...control.in_sync import AskPositions, CatchUp, InSyncSets, Promoted, Publish, ReplicaSet, RestoreFromCheckpoint
 from ...control.membership import MemberStatus
 from ...control.migration import Handover
 from ...errors import RockstateError
@@ -78,6 +78,8 @@ class ReplicaControl:
         self._plan: tuple[float, replica_placement.ReplicaPlan] | None = None  # (when, the plan): see _planned
         self._ensuring = self._again = False  # ensure_soon's round running, and another wanted after it
         self._planned_steps = False  # the last replica plan had steps (each begun once the one before is in sync)
+        self._moving: dict[int, tuple[str, str]] = {}  # pid -> (source, target) of its handover under way
+        self._intended: dict[int, list[str]] = {}  # pid -> the replicas a plan's adds under way lead to
         self.load({}, [])
 
     def load(self, saved: dict, owners: Sequence[str | None]) -> None:
@@ -114,14 +116,28 @@ class ReplicaControl:
             actions += self.sets.restored(pid, owner) if pid in lost else self.sets.moved(pid, owner)
         sets = self.sets.sets
         table = replace(table, backups=tuple(tuple(s.backups) for s in sets),
-                        in_sync=tuple(tuple(sorted(b for b in s.in_sync if b != s.primary)) for s in sets),
+                        in_sync=tuple(map(_in_sync, sets)),
                         replica_epochs=tuple(s.epoch for s in sets), backup_count=self.backup_count,
                         replication=self.replication, replica_timeout=self.timeout)
         return table, [a for a in actions if isinstance(a, CatchUp)]
 
+    def patched(self, table: Table, pids: Sequence[int]) -> Table:
+        """``table`` with the replica sets of ``pids`` as they are now (``decorate``'s, for a few partitions)."""
+        if not self.enabled or not pids:
+            return table
+        if len(table.backups) != len(table.owners):  # never decorated yet
+            return self.decorate(table)[0]
+        backups, in_sync, epochs = list(table.backups), list(table.in_sync), list(table.replica_epochs)
+        for pid in pids:
+            s = self.sets[pid]
+            backups[pid], in_sync[pid], epochs[pid] = tuple(s.backups), _in_sync(s), s.epoch
+        return replace(table, backups=tuple(backups), in_sync=tuple(in_sync), replica_epochs=tuple(epochs))
+
     def owners(self) -> list[str | None]:
         """Primaries; a partition waiting for a promotion or a restore keeps its dead one."""
         lost = self.sets.lost()
+        if not lost:
+            return [s.primary for s in self.sets.sets]
         return [lost.get(pid, s.primary) for pid, s in enumerate(self.sets.sets)]
 
     async def publish(self) -> None:
@@ -223,10 +239,14 @@ class ReplicaControl:
         if not source_serving or move.source is None or move.source != s.primary:
             log.info("move of partition %d from %s to %s dropped: its primary is %s now", pid, move.source, move.target, s.primary)
             return
-        adds = replica_placement.handover_adds(self.sets.table(), pid, move.source, move.target, s.in_sync,
+        adds = replica_placement.handover_adds(self.sets.view(), pid, move.source, move.target, s.in_sync,
                                                self._statuses(), self.backup_count, self.zones, lambda: self._planned(pid))
-        await run_handover(Handover(pid, move.source, move.target, tuple(adds)), self.sets, carry_out=self.carry_out,
-                           catch_up=self.catch_up, channel=self._channel, event=self._event)
+        self._moving[pid] = (move.source, move.target)
+        try:
+            await run_handover(Handover(pid, move.source, move.target, tuple(adds)), self.sets, carry_out=self.carry_out,
+                               catch_up=self.catch_up, channel=self._channel, event=self._event)
+        finally:
+            self._moving.pop(pid, None)
 
     def _planned(self, pid: int) -> list[str]:
         """The replicas a plan gives ``pid``; one plan, at most ``PLAN_AGE`` seconds old, serves every handover of a
@@ -324,15 +344,19 @@ class ReplicaControl:
         # a dead primary back before its partitions got a new one takes them again, even if its welcome failed
         for node in sorted({n for n in self.sets.lost().values() if statuses.get(n) is MemberStatus.ALIVE}):
             await self.carry_out(self.sets.returned(node))
-        plan = replica_placement.plan(self.sets.table(), statuses, self.backup_count, self.zones)
-        self._planned_steps = bool(plan.steps)
+        view, due, self._intended = replica_placement.under_way(self.sets.table(), self._moving, self._intended)
+        plan = replica_placement.plan(view, statuses, self.backup_count, self.zones)
+        steps = plan.steps + [replica_placement.ReplicaStep(pid, replica_placement.StepKind.DROP, n)
+                              for pid, nodes in due.items() for n in nodes]
+        self._planned_steps = bool(steps)
         lost, actions = self.sets.lost(), []
-        for step in plan.steps:
+        for step in steps:
             s = self.sets[step.partition]
-            if step.partition in lost or plan.target[step.partition][0] != s.primary:
+            if step.partition in lost or step.partition in self._moving or plan.target[step.partition][0] != s.primary:
                 continue  # the primary moves or is elected first
             if step.kind is replica_placement.StepKind.ADD:
                 actions += self.sets.add_backup(step.partition, step.node)
+                self._intended[step.partition] = plan.target[step.partition]
             elif step.kind is replica_placement.StepKind.DROP:
                 actions += self.sets.drop(step.partition, step.node) or []
         now = time.monotonic()
@@ -358,3 +382,8 @@ class ReplicaControl:
         return [{"partition": pid, "primary": s.primary, "epoch": s.epoch, "waiting_for_election": pid in lost,
                  "backups": [{"node": b, "in_sync": b in s.in_sync} for b in s.backups]}
                 for pid, s in enumerate(self.sets.sets)]
+
+
+def _in_sync(s: ReplicaSet) -> tuple[str, ...]:
+    """A set's in-sync backups as the table names them (the primary is not one)."""
+    return tuple(sorted(s.in_sync.difference((s.primary,))))

@@ -233,9 +233,7 @@ class Primaries:
         acks = self._acks.get(pid)
         if acks is None:
             return
-        now = time.monotonic()
-        while acks.last_sent < self._shipped_to[pid]:
-            acks.send(now)
+        acks.sent_through(self._shipped_to[pid], time.monotonic())
         self._resolve(pid, [])  # async: acknowledged when sent
         for b in self._backups[pid]:
             if b in self._wake:
