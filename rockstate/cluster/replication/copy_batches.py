@@ -1,7 +1,10 @@
 """The coordinator's catch-ups, sent in batches: one ``ReplicaCatchUp`` per backup and primary carries every
 partition waiting for a copy between them (up to ``BATCH``), so a start-up, a join or a failover pays one transfer
 per pair of nodes rather than one per partition (a copy costs 0.1-1 s whatever its data: a snapshot,
-a stream, an open). At most ``limit`` transfers run at once; what arrives while they run waits, and goes together.
+a stream, an open). Each node takes part in at most ``limit`` transfers at once, as the backup or the primary;
+what arrives while they run waits, and goes together. A cap per node, not per cluster: the pairs a leave or a
+join involves grow with the nodes (at 16 nodes, a leave's 64 backups came from 64 pairs), and transfers between
+other nodes do not load these.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ class CopyBatches:
     def __init__(self, send: Send, limit: int) -> None:
         """``send(node, primary, {pid: replica epoch})``: one ``ReplicaCatchUp``, answering {pid: bytes copied}."""
         self._send, self._limit_n = send, limit
-        self._limit: asyncio.Semaphore | None = None  # made on the loop
+        self._limits: dict[str, asyncio.Semaphore] = {}  # node -> its places
         self._waiting: dict[tuple[str, str], dict[int, tuple[int, asyncio.Future]]] = {}
         self._running: set[asyncio.Task] = set()  # held here: the loop keeps only a weak reference to a task
 
@@ -40,18 +43,23 @@ class CopyBatches:
                 self._start(node, primary)
         return await asyncio.shield(fut)
 
+    def _places(self, node: str) -> asyncio.Semaphore:
+        places = self._limits.get(node)
+        if places is None:
+            places = self._limits[node] = asyncio.Semaphore(self._limit_n)
+        return places
+
     def _start(self, node: str, primary: str) -> None:
         task = asyncio.ensure_future(self._run(node, primary))
         self._running.add(task)
         task.add_done_callback(self._running.discard)
 
     async def _run(self, node: str, primary: str) -> None:
-        if self._limit is None:
-            self._limit = asyncio.Semaphore(self._limit_n)
         # the catch-ups of one burst (a join's handovers, a table's new backups) join it; not holding a transfer's
         # place meanwhile (at 16 nodes, 240 pairs' transfers, 2 at a time, each lingering: a start-up 7 s -> 18 s)
         await asyncio.sleep(LINGER)
-        async with self._limit:
+        first, second = sorted((node, primary))  # in one order: two transfers never hold a place each the other waits for
+        async with self._places(first), self._places(second):
             queue = self._waiting.pop((node, primary), {})
             batch = dict(list(queue.items())[:BATCH])
             rest = {pid: w for pid, w in queue.items() if pid not in batch}
