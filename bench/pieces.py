@@ -1,0 +1,135 @@
+"""What a partition piece costs on the replicated write path, stage by stage, in one process (issue 33's floor).
+
+A batch put reaches each node as one request holding a piece per partition it touches: at P=1024 a 5,000-key
+batch on 3 nodes is ~340 pieces of ~1.6 keys per node, at P=16 ~6 pieces of ~90. Each piece pays its own
+request-id record and sequence number (what lets a partition move and be written exactly once on its own), its
+log entry, its place in the ``ReplicaApply``, its apply on the backup and its acknowledgement. This runs that
+path for one node's share of a 5,000-key batch (1,667 UUID keys, 100-byte values) with no network and no other
+process: a primary ``Store`` and ``Primaries``, a backup ``Store`` and ``Backups``, the ``ReplicaApply`` through
+msgpack both ways and its check, as the nodes do it, in order:
+
+- write: ``Store.write_groups`` with a request id (the pieces staged, one RocksDB write, each shipped);
+- outgoing: the sender's ``Primaries.outgoing``; msgpack: the message out and in, the answers too;
+- check: ``ReplicaApply.from_wire``; apply: ``Backups._apply``; answered: ``Primaries.answered``.
+
+Medians over BATCHES batches, ms a batch, and what the batch costs per piece; ratio to P=16. What grows with P
+here is Python and RocksDB entries per piece, not bytes: the cluster's put at P=1024 cannot be cheaper than this
+(the nodes' processes, the network and the client come on top).
+
+    .venv/bin/python bench/pieces.py [--partitions 16,271,1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import msgpack
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from common import key_of, print_table  # noqa: E402
+
+from rockstate.cluster import protocol as p  # noqa: E402
+from rockstate.cluster.replication.backup import Backups  # noqa: E402
+from rockstate.cluster.replication.primary import Primaries  # noqa: E402
+from rockstate.config import StoreConfig  # noqa: E402
+from rockstate.ops import PUT_MANY  # noqa: E402
+from rockstate.store import StateSpec, Store  # noqa: E402
+
+NODES = 3
+KEYS = 5000 // NODES  # a node's share of a 5,000-key batch
+BATCHES = 40
+VALUE = os.urandom(100)
+STAGES = ["write", "outgoing", "msgpack", "check", "apply", "answered"]
+
+
+def _store(root: str, name: str, partitions: int, mine: int) -> Store:
+    store = Store(os.path.join(root, name), StoreConfig(partitions=partitions), owned=range(mine),
+                  reserved=("_requests", "_replication"))
+    store.define_state(StateSpec("scale", "value"))
+    for pid in range(mine):
+        store.open_partition(pid)
+    return store
+
+
+async def _run(partitions: int, root: str) -> dict[str, float]:
+    mine = -(-partitions // NODES)  # the partitions one node is primary of
+    primary, backup = _store(root, "primary", partitions, mine), _store(root, "backup", partitions, mine)
+    try:
+        primaries = Primaries(lambda: primary, lambda *a: None, lambda *a: None, lambda: 1.0)
+        primaries.on_loop()
+        backups = Backups(lambda: backup)
+        for pid in range(mine):
+            primaries.lead(pid, 2, ("B",), ("B",), "sync", lambda pid, seq: [])
+            backup.partition(pid).backup = True
+            backups.adopt(pid, 2, 0)
+        primaries.sender("B")
+        keys = [key_of("uuid", i).encode() for i in range(KEYS * (BATCHES + 3))]
+        times: dict[str, list[float]] = {s: [] for s in STAGES}
+        for b in range(BATCHES + 3):
+            groups: dict[int, list[bytes]] = {}
+            for i, k in enumerate(keys[b * KEYS:(b + 1) * KEYS]):  # spread as a hash spreads them
+                groups.setdefault(hash(k) % mine, []).append(k)
+            pieces = [(pid, [(PUT_MANY, "scale", ks, [VALUE] * len(ks))]) for pid, ks in groups.items()]
+            request = int(time.time() * 1000).to_bytes(8, "big") + os.urandom(8)
+            t0 = time.perf_counter()
+            primary.write_groups(pieces, request)
+            t1 = time.perf_counter()
+            waiting = asyncio.ensure_future(primaries.acknowledged([pid for pid, _ in pieces]))
+            await asyncio.sleep(0)
+            t2 = time.perf_counter()
+            items, carried = primaries.outgoing("B", False)
+            t3 = time.perf_counter()
+            wire = msgpack.unpackb(msgpack.packb(p.ReplicaApply(items=items).to_wire(), use_bin_type=True), raw=False,
+                                   strict_map_key=False)
+            t4 = time.perf_counter()
+            message = p.ReplicaApply.from_wire(wire)
+            t5 = time.perf_counter()
+            replies = backups._apply(message.items)
+            t6 = time.perf_counter()
+            replies = msgpack.unpackb(msgpack.packb(replies, use_bin_type=True), raw=False)
+            t7 = time.perf_counter()
+            primaries.answered("B", replies, carried)
+            t8 = time.perf_counter()
+            await waiting
+            if b >= 3:  # the first batches warm up
+                for stage, seconds in zip(STAGES, [t1 - t0, t3 - t2, (t4 - t3) + (t7 - t6), t5 - t4, t6 - t5, t8 - t7]):
+                    times[stage].append(seconds)
+        medians = {s: statistics.median(v) for s, v in times.items()}
+        medians["pieces"] = float(len(groups))
+        return medians
+    finally:
+        primary.close()
+        backup.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--partitions", default="16,271,1024")
+    args = parser.parse_args()
+    ps = [int(x) for x in args.partitions.split(",") if x]
+    root = tempfile.mkdtemp(prefix="rockstate-bench-pieces-")
+    try:
+        rows = [(P, asyncio.run(_run(P, os.path.join(root, str(P))))) for P in ps]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    base = sum(rows[0][1][s] for s in STAGES)
+    out = []
+    for P, m in rows:
+        total = sum(m[s] for s in STAGES)
+        out.append([P, int(m["pieces"]), *(m[s] * 1e3 for s in STAGES), total * 1e3, total / m["pieces"] * 1e6,
+                    KEYS / total, base / total])
+    print_table(f"one node's share of a 5,000-key batch ({KEYS:,} UUID keys, 100-byte values) on the replicated write "
+                "path in one process, ms a batch (medians); ratio of keys/s to the first P",
+                ["P", "pieces", *(f"{s} ms" for s in STAGES), "all ms", "us a piece", "keys/s", "x"], out)
+
+
+if __name__ == "__main__":
+    main()
