@@ -89,6 +89,7 @@ class ReplicaControl:
         else:
             self.sets = InSyncSets(self.backup_count, [[o] if o else [] for o in owners])
         self.zones: dict[str, str] = saved.get("zones", {})
+        self._intended = {}  # a leader's own: the steps a previous leadership began are not known here
         # since when, as this coordinator saw it. A backup out of sync when it starts leading is due at once: a copy
         # the last leader started is not known here (one still under way on the node is joined there, not repeated)
         self._out_of_sync: dict[tuple[int, str], float] = {
