@@ -16,6 +16,11 @@ Medians over BATCHES batches, ms a batch, and what the batch costs per piece; ra
 here is Python and RocksDB entries per piece, not bytes: the cluster's put at P=1024 cannot be cheaper than this
 (the nodes' processes, the network and the client come on top).
 
+Then a single put's two stores (item 2's p50): the primary's ``write_groups`` of one key and the backup's apply of
+it, in a loop (warm), and with CACHE_BYTES of memory touched before each (cold: what the other processes on these
+cores do between two of a node's requests, a client's, the other nodes'). A replicated single put runs the path
+of three processes, each woken for one request.
+
     .venv/bin/python bench/pieces.py [--partitions 16,271,1024]
 """
 
@@ -31,6 +36,7 @@ import tempfile
 import time
 
 import msgpack
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -40,9 +46,13 @@ from rockstate.cluster import protocol as p  # noqa: E402
 from rockstate.cluster.replication.backup import Backups  # noqa: E402
 from rockstate.cluster.replication.primary import Primaries  # noqa: E402
 from rockstate.config import StoreConfig  # noqa: E402
-from rockstate.ops import PUT_MANY  # noqa: E402
+from rockstate.ops import PUT_MANY, RAW_PUT, RAW_PUT_MANY  # noqa: E402
 from rockstate.store import StateSpec, Store  # noqa: E402
+from rockstate.store.partition import REPLICATION, SEQ_KEY  # noqa: E402
+from rockstate.store.requests import REQUESTS, WRITTEN  # noqa: E402
 
+CACHE_BYTES = 64 << 20  # more than the machine's caches
+SINGLES = 400
 NODES = 3
 KEYS = 5000 // NODES  # a node's share of a 5,000-key batch
 BATCHES = 40
@@ -110,6 +120,43 @@ async def _run(partitions: int, root: str) -> dict[str, float]:
         backup.close()
 
 
+def _single(root: str) -> dict[str, tuple[float, float]]:
+    """P=16: (warm, cold) p50 µs of one key's write on a primary and its apply on a backup."""
+    primary, backup = _store(root, "primary1", 16, 16), _store(root, "backup1", 16, 16)
+    try:
+        backups = Backups(lambda: backup)
+        for pid in range(16):
+            backup.partition(pid).backup = True
+            backups.adopt(pid, 2, 0)
+        junk = np.zeros(CACHE_BYTES, dtype=np.uint8)
+        seqs = [0] * 16
+        times: dict[tuple[str, bool], list[float]] = {}
+        for i in range(4 * SINGLES):
+            cold = i >= 2 * SINGLES
+            if cold:
+                junk += 1
+            pid, key = i % 16, key_of("uuid", i).encode()
+            request = int(time.time() * 1000).to_bytes(8, "big") + os.urandom(8)
+            t0 = time.perf_counter()
+            primary.write_groups([(pid, [(PUT_MANY, "scale", [key], [VALUE])])], request)
+            t1 = time.perf_counter()
+            if cold:
+                junk += 1
+            seqs[pid] += 1
+            stored = [[RAW_PUT_MANY, "scale", [key], [VALUE]], [RAW_PUT, REQUESTS, request, WRITTEN],
+                      [RAW_PUT, REPLICATION, SEQ_KEY, seqs[pid].to_bytes(8, "big")]]  # as a primary ships it
+            t2 = time.perf_counter()
+            backups._apply([[pid, 2, seqs[pid], stored]])
+            t3 = time.perf_counter()
+            if i % (2 * SINGLES) >= SINGLES // 4:  # after a warm-up in each half
+                times.setdefault(("write", cold), []).append(t1 - t0)
+                times.setdefault(("apply", cold), []).append(t3 - t2)
+        return {s: (statistics.median(times[s, False]) * 1e6, statistics.median(times[s, True]) * 1e6) for s in ("write", "apply")}
+    finally:
+        primary.close()
+        backup.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--partitions", default="16,271,1024")
@@ -118,6 +165,7 @@ def main() -> None:
     root = tempfile.mkdtemp(prefix="rockstate-bench-pieces-")
     try:
         rows = [(P, asyncio.run(_run(P, os.path.join(root, str(P))))) for P in ps]
+        single = _single(os.path.join(root, "single"))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     base = sum(rows[0][1][s] for s in STAGES)
@@ -129,6 +177,9 @@ def main() -> None:
     print_table(f"one node's share of a 5,000-key batch ({KEYS:,} UUID keys, 100-byte values) on the replicated write "
                 "path in one process, ms a batch (medians); ratio of keys/s to the first P",
                 ["P", "pieces", *(f"{s} ms" for s in STAGES), "all ms", "us a piece", "keys/s", "x"], out)
+    print_table(f"a single put's two stores, P=16, p50 µs: in a loop, and with {CACHE_BYTES >> 20} MB touched before each "
+                "(as other processes do between a node's requests)",
+                ["stage", "warm us", "cold us", "x"], [[s, w, c, c / w] for s, (w, c) in single.items()])
 
 
 if __name__ == "__main__":
