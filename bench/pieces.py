@@ -1,10 +1,10 @@
 """What a partition piece costs on the replicated write path, stage by stage, in one process (issue 33's floor).
 
 A batch put reaches each node as one request holding a piece per partition it touches: at P=1024 a 5,000-key
-batch on 3 nodes is ~340 pieces of ~1.6 keys per node, at P=16 ~6 pieces of ~90. Each piece pays its own
+batch on 3 nodes is ~340 pieces of ~5 keys per node, at P=16 ~6 pieces of ~280. Each piece pays its own
 request-id record and sequence number (what lets a partition move and be written exactly once on its own), its
 log entry, its place in the ``ReplicaApply``, its apply on the backup and its acknowledgement. This runs that
-path for one node's share of a 5,000-key batch (1,667 UUID keys, 100-byte values) with no network and no other
+path for one node's share of a 5,000-key batch (1,666 UUID keys, 100-byte values) with no network and no other
 process: a primary ``Store`` and ``Primaries``, a backup ``Store`` and ``Backups``, the ``ReplicaApply`` through
 msgpack both ways and its check, as the nodes do it, in order:
 
