@@ -13,7 +13,8 @@ a member the primary does not wait for. ``replication: async`` acknowledges
 every batch when it is sent; the backups follow (a primary's death may lose
 what they had not applied).
 
-- ``send(now)``: the next batch's ``Batch(seq, epoch, acknowledged)``.
+- ``send(now)``: the next batch's ``Batch(seq, epoch, acknowledged)``; ``sent_through(seq, now)``: every
+  batch through ``seq`` sent (the primary's, per write, without a ``Batch``).
 - ``applied(backup, seq)``: answers the sequences this acknowledges, in order.
 - ``configure(epoch, backups, in_sync)``: the coordinator's set at a newer
   epoch (older ones change nothing). Only this stops the primary waiting for
