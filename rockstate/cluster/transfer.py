@@ -1,4 +1,4 @@
-"""A partition's files handed to another node: a copy on the source (a RocksDB of that partition alone), streamed, and written on the receiver.
+"""Partitions' files handed to another node: a copy on the source (an export, ``NodeDB.export``), streamed, and written on the receiver.
 
 A move's target and a new or returning backup both fetch a copy this way (``node/migration.py``,
 ``replication/copies.py``).
@@ -7,6 +7,7 @@ A move's target and a new or returning backup both fetch a copy this way (``node
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import shutil
 from typing import TYPE_CHECKING, AsyncGenerator, Callable
@@ -24,7 +25,7 @@ CHUNK = 4 << 20
 
 
 class MoveSource:
-    """Hard-link copies of partitions handed to other nodes (a move's target, a new backup), under ``<store>/<folder>/<name>``."""
+    """Copies of partitions handed to other nodes (a move's target, a new backup), under ``<store>/<folder>/<name>``."""
 
     def __init__(self, store: Store, folder: str = "outgoing") -> None:
         self.store = store
@@ -33,20 +34,25 @@ class MoveSource:
     def path(self, name: str) -> str:
         return os.path.join(self.root, name)
 
-    def take(self, part: Partition, name: str, record: bool = False, then: Callable[[], None] | None = None) -> None:
-        """A copy of ``part`` as ``name`` (blocking); ``record``: record writes from now on; ``then``: run
-        under the partition's lock right after the copy."""
+    def take(self, parts: list[Partition], name: str, record: bool = False,
+             then: Callable[[Partition], None] | None = None) -> None:
+        """A copy of ``parts`` as one export ``name`` (blocking): each cut under its lock (``Partition.cut``);
+        ``record``: record writes from then on; ``then(part)``: run under the partition's lock right after its cut."""
+        cuts, db = {}, None
+        for part in parts:
+            db, cuts[part.pid] = part.cut(record, None if then is None else functools.partial(then, part))
         target = self.path(name)
         shutil.rmtree(target, ignore_errors=True)
         os.makedirs(self.root, exist_ok=True)
-        part.export_copy(target, record=record, then=then)
+        if db is not None:
+            db.export(cuts, target)
 
     def listing(self, name: str) -> list[list]:
         return [[f, os.path.getsize(os.path.join(self.path(name), f))] for f in sorted(os.listdir(self.path(name)))]
 
     def copy(self, pid: int) -> Stream:
         """Take the copy and start recording; answers its stream (blocking)."""
-        self.take(self.store.partition(pid), partition_dir(pid), record=True)
+        self.take([self.store.partition(pid)], partition_dir(pid), record=True)
         return self.stream(partition_dir(pid))
 
     def stream(self, name: str) -> Stream:

@@ -16,8 +16,7 @@ import fcntl
 import os
 import threading
 import uuid
-from contextlib import contextmanager
-from typing import IO, Any, Callable, Iterable, Iterator, Mapping, cast
+from typing import IO, Any, Callable, Iterable, Mapping, cast
 
 from rocksdict import WriteBatch
 
@@ -36,6 +35,7 @@ from . import requests
 from .catalog import StateSpec, unknown_state
 from .checks import check_compare_and_set, check_ops
 from .keygroups import NodeDB, is_rocksdb
+from .many import holding
 from .partition import Partition
 from .resources import Resources
 from .trash import Trash
@@ -347,51 +347,6 @@ class Store:
         if self._lock_file is not None:
             self._lock_file.close()
             self._lock_file = None
-
-
-class ReplicatedWrites:
-    """A backup's batches of several partitions gathered into one RocksDB WriteBatch (their locks held by the
-    caller until ``flush``); at most one batch per partition between two flushes."""
-
-    def __init__(self, store: Store) -> None:
-        self._db = store.db
-        self._batch = WriteBatch(raw_mode=True)
-        self._done: dict[int, Callable[[], None]] = {}
-
-    def __contains__(self, pid: int) -> bool:
-        return pid in self._done
-
-    def add(self, part: Partition, seq: int, stored: list, then: Callable[[int], None]) -> None:
-        part.check_open()
-        part.stage_replicated(seq, stored, self._batch)
-
-        def done() -> None:
-            part.applied(seq)
-            then(seq)
-        self._done[part.pid] = done
-
-    def flush(self) -> None:
-        if not self._done:
-            return
-        self._db.db.write(self._batch)
-        for done in self._done.values():
-            done()
-        self._batch, self._done = WriteBatch(raw_mode=True), {}
-
-
-@contextmanager
-def holding(locks: Iterable[Any]) -> Iterator[None]:
-    """Every lock of ``locks``, taken in their order and released in reverse (an ExitStack, with its wrapper per
-    lock, was 5 % of the nodes' CPU under batch puts at P=1024)."""
-    taken = []
-    try:
-        for lock in locks:
-            lock.acquire()
-            taken.append(lock)
-        yield
-    finally:
-        for lock in reversed(taken):
-            lock.release()
 
 
 def not_bytes(e: Exception, what: str) -> Exception:

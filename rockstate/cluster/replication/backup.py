@@ -16,7 +16,7 @@ from typing import Callable
 from ...control.write_acks import BackupApply
 from ...errors import ProtocolError, ReplicaBehindError, RockstateError, StaleEpochError
 from ...store import Store
-from ...store.store import ReplicatedWrites, holding
+from ...store.many import ReplicatedWrites, holding
 from .. import protocol as p
 from .outcomes import Applied
 
@@ -73,7 +73,7 @@ class Backups:
             except RockstateError:  # its copy closed meanwhile (dropped, replaced)
                 status[pid] = Applied.NOT_READY
         with holding(parts[pid].lock for pid in sorted(parts)):  # in partition order, as a write's: never two waiting for each other
-            writes = ReplicatedWrites(store)
+            writes = ReplicatedWrites(store.db)
             for pid, epoch, seq, stored in items:
                 backup = self._applies.get(pid)
                 if backup is None:

@@ -121,20 +121,12 @@ class ReplicaCopies:
         """Copies of ``pids`` for ``node``, each cut at its batch S under its write lock and shipped the batches
         after S, written as one export ``name`` (a file per state for all of them: per partition, their files and
         fsyncs were most of a join's copies at P=1024)."""
-        store, cuts = self._store_of(), {}
-        db = None
-        for pid in pids:
-            part: Partition = store.partition(pid)
+        store = self._store_of()
 
-            def position(part: Partition = part) -> None:  # under the write lock: the batches after the cut are shipped
-                self._primaries.copied(node, part.pid, part.seq())
+        def position(part: Partition) -> None:  # under the write lock: the batches after the cut are shipped to it
+            self._primaries.copied(node, part.pid, part.seq())
 
-            db, cuts[pid] = part.cut(then=position)
-        target = self.source.path(name)
-        shutil.rmtree(target, ignore_errors=True)
-        os.makedirs(self.source.root, exist_ok=True)
-        assert db is not None  # (pids is not empty: _served answers at least one)
-        db.export(cuts, target)
+        self.source.take([store.partition(pid) for pid in pids], name, then=position)
 
     # -- on the backup ----------------------------------------------------------------
 
