@@ -22,7 +22,7 @@ The storage is not trusted (see docs/security.md): ``_metadata`` carries an
 HMAC-SHA256 (``"hmac"``) under a key derived from the cluster's node secret,
 which is never in the bucket, and names each manifest by its SHA-256 too
 (``ManifestRef.digest``), so a planted or altered ``_metadata`` or manifest is
-refused (``CheckpointAuthenticationError``, a ``CorruptCheckpointError``: a
+refused (``signing.py``; ``CheckpointAuthenticationError``, a ``CorruptCheckpointError``: a
 restore falls back to the previous checkpoint). Every file name and path in
 them is checked against ``names`` (one path component; relative paths of such
 components), whatever the signature says. The data files themselves are
@@ -37,8 +37,6 @@ savepoint is a byte-for-byte copy that needs no rewriting.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import time
 import zlib
@@ -46,8 +44,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import BinaryIO, Sequence
 
-from ..errors import CheckpointAuthenticationError, CorruptCheckpointError
+from ..errors import CorruptCheckpointError
 from ..names import check_relative, inside
+from .signing import canonical_json, digest_bytes, sign, verify
 
 FORMAT = 3  # 3: a process's manifests as one group; 2: the same, each manifest whole in a bundle; 1: a RocksDB per partition
 CHECKSUM_ALGORITHM = "crc32"
@@ -74,10 +73,6 @@ def checksum_file(path: str) -> tuple[int, str]:
 
 def format_checksum(crc: int) -> str:
     return f"{CHECKSUM_ALGORITHM}:{crc & 0xFFFFFFFF:08x}"
-
-
-def canonical_json(data: object) -> bytes:
-    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
 
 @dataclass(frozen=True)
@@ -361,42 +356,6 @@ class CheckpointMetadata:
     def from_json(cls, data: bytes, where: str = "_metadata", keys: Sequence[bytes] = (), accept_unsigned: bool = True) -> "CheckpointMetadata":
         """``keys``: the keys an HMAC may be made with (none: not checked); ``accept_unsigned``: without an HMAC too."""
         return _parse(cls, data, where, keys, accept_unsigned)
-
-
-# -- authentication ----------------------------------------------------------------
-
-SIGNATURE_FIELD = "hmac"
-_SCHEME = "hmac-sha256:"
-
-
-def checkpoint_key(secret: bytes) -> bytes:
-    """The key that signs checkpoints, derived from the cluster's node secret (which the bucket never holds)."""
-    return hmac.new(secret, b"rockstate checkpoint metadata v1", hashlib.sha256).digest()
-
-
-def digest_bytes(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-def sign(d: dict, key: bytes) -> dict:
-    body = {k: v for k, v in d.items() if k != SIGNATURE_FIELD}
-    return {**body, SIGNATURE_FIELD: _SCHEME + hmac.new(key, canonical_json(body), hashlib.sha256).hexdigest()}
-
-
-def verify(d: dict, keys: Sequence[bytes], where: str, accept_unsigned: bool = False) -> None:
-    """Raise ``CheckpointAuthenticationError`` unless ``d`` carries an HMAC by one of ``keys`` (or none, if accepted)."""
-    mac = d.get(SIGNATURE_FIELD)
-    if mac is None:
-        if accept_unsigned:
-            return
-        raise CheckpointAuthenticationError(
-            f"{where} carries no HMAC: it was not written by this cluster's coordinator (planted in the storage, or from "
-            "a rockstate older than signing: set accept_unsigned_checkpoints to read those)", path=where)
-    body = canonical_json({k: v for k, v in d.items() if k != SIGNATURE_FIELD})
-    if not isinstance(mac, str) or not any(
-            hmac.compare_digest(mac.encode(), (_SCHEME + hmac.new(k, body, hashlib.sha256).hexdigest()).encode()) for k in keys):
-        raise CheckpointAuthenticationError(
-            f"{where} fails its HMAC: it was altered in the storage, or signed with another cluster's secret", path=where)
 
 
 def _parse(cls, data: bytes, where: str, keys: Sequence[bytes] = (), accept_unsigned: bool = True):

@@ -118,7 +118,7 @@ class CheckpointStorage:
 
     def __init__(self, url: str, storage_options: dict | None = None, cluster: str = "default", workers: int | None = None,
                  keys: tuple[bytes, ...] = (), accept_unsigned: bool = False) -> None:
-        """``keys``: the checkpoint keys (``manifest.checkpoint_key`` of each accepted node secret; the first signs);
+        """``keys``: the checkpoint keys (``signing.checkpoint_key`` of each accepted node secret; the first signs);
         none: checkpoints are neither signed nor checked. ``accept_unsigned``: read checkpoints without an HMAC too."""
         check_name(cluster, "cluster name")
         self.keys, self.accept_unsigned = tuple(keys), accept_unsigned

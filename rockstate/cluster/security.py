@@ -85,7 +85,7 @@ class Security:
     def checkpoint_keys(self) -> tuple[bytes, ...]:
         """Keys of the checkpoints' HMAC, one per node secret (the first signs): derived from the node secret, never
         stored in the bucket; none without a secret."""
-        from ..checkpoint.manifest import checkpoint_key
+        from ..checkpoint.signing import checkpoint_key
 
         if not self.secret:
             return ()

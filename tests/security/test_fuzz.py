@@ -13,7 +13,8 @@ import struct
 import msgpack
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
-from rockstate.checkpoint.manifest import CheckpointMetadata, PartitionManifest, checkpoint_key, sign
+from rockstate.checkpoint.manifest import CheckpointMetadata, PartitionManifest
+from rockstate.checkpoint.signing import checkpoint_key, sign
 from rockstate.cluster import protocol as p  # noqa: F401 -- registers every message class
 from rockstate.errors import CorruptCheckpointError, RockstateError
 from rockstate.names import is_name
