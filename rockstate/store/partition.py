@@ -212,20 +212,16 @@ class Partition:
 
     # -- copies: checkpoints and moves -------------------------------------
 
-    def export_copy(self, target: str, record: bool = False, then: Callable[[], None] | None = None) -> float:
-        """A copy of the partition alone, as SST files at ``target`` (``NodeDB.export``; which must not exist);
-        returns how long writes paused: only while its cut is taken, under the lock. With ``record``, every write
-        after the cut is recorded, to be taken by ``take_recorded`` (a move's last delta). ``then`` runs under the
-        lock right after the cut (a replica copy's position)."""
-        start = time.perf_counter()
-        node_db, cut = self.cut(record, then)
-        pause = time.perf_counter() - start
+    def export_copy(self, target: str, record: bool = False) -> None:
+        """A copy of the partition alone, as SST files at ``target`` (which must not exist): its ``cut``, exported."""
+        node_db, cut = self.cut(record)
         node_db.export({self.pid: cut}, target)
-        return pause
 
     def cut(self, record: bool = False, then: Callable[[], None] | None = None) -> tuple[NodeDB, dict]:
         """The partition's keys and values as of now (``NodeDB.snapshots``), taken under the lock, for
-        ``NodeDB.export``; ``record`` and ``then`` as ``export_copy``'s."""
+        ``NodeDB.export``: writes pause only meanwhile. With ``record``, every write after the cut is recorded, to
+        be taken by ``take_recorded`` (a move's last delta). ``then`` runs under the lock right after the cut (a
+        replica copy's position)."""
         with self.lock:
             node_db = self._open()
             snapshots = node_db.snapshots(self.pid)
@@ -240,7 +236,7 @@ class Partition:
         return self.node_db is not None and self.node_db.empty(self.pid)
 
     def take_recorded(self, stop: bool = True) -> list:
-        """The writes recorded since ``export_copy(record=True)`` or the last take; ``stop`` ends recording."""
+        """The writes recorded since ``cut(record=True)`` or the last take; ``stop`` ends recording."""
         with self.lock:
             ops = self._recording or []
             self._recording = None if stop else []
