@@ -72,6 +72,7 @@ class NodeDB:
         # Any: rocksdict's stubs take a multi-get's keys as an invariant list of scalars, not list[bytes]
         self.families: dict[str, Any] = {n: self.db.get_column_family(n) for n in wanted}
         self.handles = {n: self.db.get_column_family_handle(n) for n in wanted}
+        self.kinds: dict[str, tuple[Any, int | None, bool]] = {}  # the partitions' cache (``Partition._state``)
         resources.memtables(len(wanted))
 
     def ensure(self, name: str) -> None:
@@ -204,6 +205,7 @@ class NodeDB:
         self._resources.memtables(-len(self.families))
         self.families.clear()
         self.handles.clear()
+        self.kinds.clear()  # its handles: held, they keep the RocksDB open
         self.db.close()
 
 

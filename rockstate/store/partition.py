@@ -78,6 +78,7 @@ class Partition:
         self.prefix, self._end = bounds(pid)
         self._families = node_db.families  # shared by the store's partitions
         self._handles = node_db.handles
+        self._kinds = node_db.kinds
 
     @property
     def db(self) -> Rdict | None:
@@ -116,6 +117,16 @@ class Partition:
     def _ttl_ms(self, state: str) -> int | None:
         spec = self._specs.get(state)
         return int(spec.ttl * 1000) if spec and spec.ttl else None
+
+    def _state(self, state: str) -> tuple[Any, int | None, bool]:
+        """A state's column family handle, its TTL in ms (None: none) and whether it is a list, looked up once for
+        the store's partitions: the write path asks per op (a state's spec never changes once defined)."""
+        kind = self._kinds.get(state)
+        if kind is None:
+            self._family(state)  # an unknown state raises; a reserved one is made
+            spec = self._specs.get(state)
+            kind = self._kinds[state] = (self._handles[state], self._ttl_ms(state), spec is not None and spec.kind == "list")
+        return kind
 
     # -- writes ----------------------------------------------------------
 
@@ -247,42 +258,45 @@ class Partition:
         list) gets them as stored, without it, for the backups."""
         batch = WriteBatch(raw_mode=True) if batch is None else batch
         p = self.prefix
-        pending: dict[tuple[str, bytes], bytes | None] = {}  # list values as this batch leaves them
-        headers: dict[str, bytes | None] = {}
+        pending: dict[tuple[str, bytes], bytes | None] = {}  # list values as this batch leaves them (list states)
         for op, state, key, value in ops:
-            if state not in headers:
-                self._family(state)
-                ttl = self._ttl_ms(state)
-                headers[state] = _EXPIRY.pack(now_ms() + ttl) if ttl else None
-            handle, header = self._handles[state], headers[state]
+            handle, ttl, listed = self._state(state)
+            header = _EXPIRY.pack(now_ms() + ttl) if ttl else None
             as_stored = (op, state, key, value)
             if op == PUT_MANY:
                 values = [header + v for v in value] if header else value
                 _each(batch.put, [p + k for k in key], values, repeat(handle))
-                self._track(pending, state, key, value)
+                if listed:
+                    pending.update(zip(zip(repeat(state), key), value))
                 as_stored = (RAW_PUT_MANY, state, key, values)
+            elif op == RAW_PUT_MANY:  # a backup applying its primary's batch
+                _each(batch.put, [p + k for k in key], value, repeat(handle))
+                if listed:
+                    pending.update(zip(zip(repeat(state), key), [v[8:] for v in value] if ttl else value))
+            elif op == RAW_PUT:
+                batch.put(p + key, value, handle)
+                if listed:
+                    pending[state, key] = value[8:] if ttl and value is not None else value
+            elif op == PUT:
+                stored_value = header + value if header else value
+                batch.put(p + key, stored_value, handle)
+                if listed:
+                    pending[state, key] = value
+                as_stored = (RAW_PUT, state, key, stored_value)
             elif op == DELETE_MANY:
                 _each(batch.delete, [p + k for k in key], repeat(handle))
-                self._track(pending, state, key, [None] * len(key))
-            elif op == PUT:
-                batch.put(p + key, header + value if header else value, handle)
-                self._track(pending, state, [key], [value])
-                as_stored = (RAW_PUT, state, key, header + value if header else value)
+                if listed:
+                    pending.update(zip(zip(repeat(state), key), repeat(None)))
             elif op == DELETE:
                 batch.delete(p + key, handle)
-                self._track(pending, state, [key], [None])
+                if listed:
+                    pending[state, key] = None
             elif op == APPEND:
                 old = pending[state, key] if (state, key) in pending else self.get_many(state, [key])[0]
                 pending[state, key] = new = (old or b"") + value
                 batch.put(p + key, header + new if header else new, handle)
                 if header:  # the expiry is the primary's clock's: the whole value (without TTL a backup appends alike)
                     as_stored = (RAW_PUT, state, key, header + new)
-            elif op == RAW_PUT:
-                batch.put(p + key, value, handle)
-                self._track(pending, state, [key], [value[8:] if header and value is not None else value])
-            elif op == RAW_PUT_MANY:  # a backup applying its primary's batch
-                _each(batch.put, [p + k for k in key], value, repeat(handle))
-                self._track(pending, state, key, [v[8:] for v in value] if header else value)
             elif op == DELETE_RANGE:
                 batch.delete_range(p + key, p + value, handle)
             elif op == DELETE_PREFIX:
@@ -298,12 +312,6 @@ class Partition:
             if stored is not None:
                 stored.append(as_stored)
         return batch
-
-    def _track(self, pending: dict, state: str, keys: Sequence[bytes], values: Sequence[bytes | None]) -> None:
-        """Remember what the batch leaves in a list state, for a later APPEND in it."""
-        spec = self._specs.get(state)
-        if spec is not None and spec.kind == "list":
-            pending.update(((state, k), v) for k, v in zip(keys, values))
 
     # -- reads -----------------------------------------------------------
 
