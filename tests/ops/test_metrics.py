@@ -1,5 +1,6 @@
 """Prometheus metrics of a real coordinator and a real node process, and the Grafana dashboard that uses them."""
 
+import asyncio
 import json
 import pathlib
 import re
@@ -103,6 +104,7 @@ def test_node_exports_rocksdb_disk_and_process_figures(scraped):
     # sampled; the worst may be 0: uvloop's clock counts whole milliseconds, and a node opening no RocksDB per
     # partition any more may never be a millisecond late
     assert node["rockstate_node_loop_lag_seconds_count"] > 0 and 0 <= node["rockstate_node_loop_lag_max_seconds"] < 30
+    assert "rockstate_node_gc_seconds_total" in node and node["rockstate_node_gc_pause_max_seconds"] >= 0
     for name in ("rockstate_node_rocksdb_memtable_bytes", "rockstate_node_rocksdb_pending_compaction_bytes",
                  "rockstate_node_rocksdb_sst_bytes", "rockstate_node_rocksdb_write_stalls", "rockstate_node_request_seconds_bucket"):
         assert name in node
@@ -118,6 +120,36 @@ def test_every_metric_the_dashboard_names_is_exported(scraped):
     assert not missing, f"the dashboard names metrics nobody exports: {sorted(missing)}"
     documented = OPERATIONS.read_text()
     assert not [m for m in used if m.startswith("rockstate_") and re.sub(r"_(total|bucket|sum|count)$", "", m) not in documented]
+
+
+def test_loop_lag_times_the_garbage_collectors_pauses_by_generation():
+    """Each collection's time is counted under its generation while the loop is sampled, and no more once stopped."""
+    import gc
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from rockstate.cluster.loop_lag import LoopLag
+
+    async def collect(lag: LoopLag) -> None:
+        lag.start()
+        try:
+            garbage = [[i] for i in range(200_000)]  # a full collection with something to walk
+            gc.collect(2)
+            gc.collect(0)
+            del garbage
+        finally:
+            lag.stop()
+
+    registry = CollectorRegistry()
+    lag = LoopLag("rockstate_test", registry)
+    asyncio.run(collect(lag))
+    figures = exported(generate_latest(registry).decode())
+    full, young = figures['rockstate_test_gc_seconds_total{generation="2"}'], figures['rockstate_test_gc_seconds_total{generation="0"}']
+    assert full and full > 0 and young and young > 0
+    assert lag.gc_total >= full + young and 0 < figures["rockstate_test_gc_pause_max_seconds"] == lag.worst_gc <= lag.gc_total
+    before = lag.gc_total
+    gc.collect()
+    assert lag.gc_total == before and lag._collected not in gc.callbacks
 
 
 def test_request_figures_export_a_prometheus_histogram_and_counters():
