@@ -105,7 +105,13 @@ class Message:
                 raise ProtocolError(
                     f"field {name!r} of {op!r} message must be {' or '.join(t.__name__ for t in allowed)},"
                     f" not {type(value).__name__}", op=op, field=name)
-        return found(**fields)
+        message = found(**fields)
+        message.received()
+        return message
+
+    def received(self) -> None:
+        """Checks only a message from a peer needs, run as it is decoded (a sender building one from its own state
+        skips them): none here."""
 
 
 # -- the connection handshake ------------------------------------------------

@@ -49,8 +49,9 @@ def test_a_malformed_message_is_refused_whole(items):
 
 def test_a_message_is_bounded():
     with pytest.raises(ProtocolError, match="at most"):
-        p.ReplicaApply(items=[[0, 1, 0, None]] * (MAX_REPLICA_ITEMS + 1))
-    p.ReplicaApply(items=[[pid, 1, 1, [_put(b"k")]] for pid in range(100)] + [[0, 1, 2, None], [0, 1, 2, [_put(b"j")]]])
+        p.ReplicaApply.from_wire({"op": "replica_apply", "items": [[0, 1, 0, None]] * (MAX_REPLICA_ITEMS + 1)})
+    p.ReplicaApply.from_wire({"op": "replica_apply", "items": [[pid, 1, 1, [_put(b"k")]] for pid in range(100)]
+                              + [[0, 1, 2, None], [0, 1, 2, [_put(b"j")]]]})
 
 
 def _stores(tmp_path) -> tuple[Store, Store]:
