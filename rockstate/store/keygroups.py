@@ -72,7 +72,7 @@ class NodeDB:
         # Any: rocksdict's stubs take a multi-get's keys as an invariant list of scalars, not list[bytes]
         self.families: dict[str, Any] = {n: self.db.get_column_family(n) for n in wanted}
         self.handles = {n: self.db.get_column_family_handle(n) for n in wanted}
-        self.kinds: dict[str, tuple[Any, int | None, bool]] = {}  # the partitions' cache (``Partition._state``)
+        self.kinds: dict[str, tuple[Any, int | None, bool]] = {}  # the partitions' cache (``Partition.state_kind``)
         resources.memtables(len(wanted))
 
     def ensure(self, name: str) -> None:

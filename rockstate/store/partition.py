@@ -4,11 +4,9 @@ Every key goes to RocksDB behind the partition's prefix and comes back without i
 out (its replicated batches, a move's recorded writes, a copy) is without it, so the other side may hold it
 under another layout.
 
-Values of a state with a TTL are stored behind an 8-byte expiry header
-(milliseconds since the epoch, big-endian); an expired entry reads as absent
-and is removed by ``sweep_expired``. A list state's stored value is its items'
-encodings concatenated, so ``APPEND`` is a read-modify-write under the
-partition's lock.
+How ops become RocksDB entries is ``writes.py``'s: values of a state with a TTL behind an expiry header (an expired
+entry reads as absent and is removed by ``sweep_expired``), a list's items concatenated (``APPEND`` reads, under the
+partition's lock).
 
 All writes to a partition hold ``lock``: a checkpoint takes the same lock to
 order its barrier between writes.
@@ -17,52 +15,31 @@ Replication. On a replicated partition's primary, ``shipper`` is set: every
 write (whatever made it: a client's write or compare-and-set, a staged
 batch, a request id, a TTL deletion) gets the next sequence number, stored in
 the same WriteBatch (state ``_replication``), and is handed to the shipper as
-it was stored (``RAW_PUT``s with their TTL headers; an append as its item, the
-whole list only in a TTL state), under the lock, so in the order it was applied. A backup applies those batches with
-``apply_replicated``; ``backup`` keeps its own sweeps off it.
+it was stored (``writes.to_batch``), under the lock, so in the order it was applied. A backup applies those batches
+with ``apply_replicated``; ``backup`` keeps its own sweeps off it.
 """
 
 from __future__ import annotations
 
 import struct
 import threading
-import time
-from collections import deque
-from itertools import islice, repeat
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from itertools import islice
+from typing import Any, Callable, Iterator, Sequence
 
 from rocksdict import Rdict, ReadOptions, WriteBatch
 
 from ..errors import PartitionUnavailableError
-from ..ops import APPEND, DELETE, DELETE_MANY, DELETE_PREFIX, DELETE_RANGE, PUT, PUT_MANY, RAW_PUT, RAW_PUT_MANY, Op
+from ..ops import APPEND, DELETE, DELETE_MANY, DELETE_PREFIX, DELETE_RANGE, PUT, PUT_MANY, RAW_PUT, Op
 from . import requests
 from .catalog import RESERVED_PREFIX, StateSpec, unknown_state
 from .keygroups import NodeDB, bounds
+from .writes import EXPIRY, now_ms, prefix_end, to_batch
 
 __all__ = ["APPEND", "DELETE", "DELETE_MANY", "DELETE_PREFIX", "DELETE_RANGE", "PUT", "PUT_MANY", "RAW_PUT", "Op",
            "Partition", "now_ms", "prefix_end"]
 
-_EXPIRY = struct.Struct(">Q")
 _SEQ = struct.Struct(">Q")
 REPLICATION, SEQ_KEY = "_replication", b"seq"  # the last replicated batch this copy holds
-
-
-def _each(call: Callable[..., object], *columns: Iterable[Any]) -> None:
-    """``call`` on each row of the columns, in a C loop: rocksdict's WriteBatch has no bulk put, and a Python
-    loop's own work was a fifth of 1,000 puts' time (218 -> 173 µs)."""
-    deque(map(call, *columns), maxlen=0)
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def prefix_end(prefix: bytes) -> bytes | None:
-    """The smallest key greater than every key starting with ``prefix`` (None: no bound)."""
-    trimmed = prefix.rstrip(b"\xff")
-    if not trimmed:
-        return None
-    return trimmed[:-1] + bytes([trimmed[-1] + 1])
 
 
 class Partition:
@@ -75,7 +52,7 @@ class Partition:
         self._specs = specs  # the store's catalog, shared: states defined later appear here
         self._seq: int | None = None  # read on first use
         self.node_db: NodeDB | None = node_db
-        self.prefix, self._end = bounds(pid)
+        self.prefix, self.end = bounds(pid)
         self._families = node_db.families  # shared by the store's partitions
         self._handles = node_db.handles
         self._kinds = node_db.kinds
@@ -118,7 +95,7 @@ class Partition:
         spec = self._specs.get(state)
         return int(spec.ttl * 1000) if spec and spec.ttl else None
 
-    def _state(self, state: str) -> tuple[Any, int | None, bool]:
+    def state_kind(self, state: str) -> tuple[Any, int | None, bool]:
         """A state's column family handle, its TTL in ms (None: none) and whether it is a list, looked up once for
         the store's partitions: the write path asks per op (a state's spec never changes once defined)."""
         kind = self._kinds.get(state)
@@ -151,10 +128,10 @@ class Partition:
                 return None
             ops = [*ops, (PUT, requests.REQUESTS, request, requests.WRITTEN)]
         if self.shipper is None:
-            self._batch(ops, None, batch)
+            to_batch(self, ops, batch)
             return lambda: self._record(ops)
         stored: list = []
-        self._batch(ops, stored, batch)
+        to_batch(self, ops, batch, stored)
         seq = self.seq() + 1
         stored.append((RAW_PUT, REPLICATION, SEQ_KEY, _SEQ.pack(seq)))
         batch.put(self.prefix + SEQ_KEY, stored[-1][3], self._handles[REPLICATION])
@@ -192,7 +169,7 @@ class Partition:
         for state in {op[1] for op in stored}:
             if state not in self._families:  # a new state only
                 self.ensure_state(state)
-        self._batch(stored, None, batch)
+        to_batch(self, stored, batch)
 
     def applied(self, seq: int) -> None:
         self._seq = seq
@@ -253,66 +230,6 @@ class Partition:
             self._recording = None if stop else []
             return ops
 
-    def _batch(self, ops: Sequence[Op], stored: list | None = None, batch: WriteBatch | None = None) -> WriteBatch:
-        """The ops as one WriteBatch (or added to ``batch``), keys behind the partition's prefix; ``stored`` (a
-        list) gets them as stored, without it, for the backups."""
-        batch = WriteBatch(raw_mode=True) if batch is None else batch
-        p = self.prefix
-        pending: dict[tuple[str, bytes], bytes | None] = {}  # list values as this batch leaves them (list states)
-        for op, state, key, value in ops:
-            handle, ttl, listed = self._state(state)
-            header = _EXPIRY.pack(now_ms() + ttl) if ttl else None
-            as_stored = (op, state, key, value)
-            if op == PUT_MANY:
-                values = [header + v for v in value] if header else value
-                _each(batch.put, [p + k for k in key], values, repeat(handle))
-                if listed:
-                    pending.update(zip(zip(repeat(state), key), value))
-                as_stored = (RAW_PUT_MANY, state, key, values)
-            elif op == RAW_PUT_MANY:  # a backup applying its primary's batch
-                _each(batch.put, [p + k for k in key], value, repeat(handle))
-                if listed:
-                    pending.update(zip(zip(repeat(state), key), [v[8:] for v in value] if ttl else value))
-            elif op == RAW_PUT:
-                batch.put(p + key, value, handle)
-                if listed:
-                    pending[state, key] = value[8:] if ttl and value is not None else value
-            elif op == PUT:
-                stored_value = header + value if header else value
-                batch.put(p + key, stored_value, handle)
-                if listed:
-                    pending[state, key] = value
-                as_stored = (RAW_PUT, state, key, stored_value)
-            elif op == DELETE_MANY:
-                _each(batch.delete, [p + k for k in key], repeat(handle))
-                if listed:
-                    pending.update(zip(zip(repeat(state), key), repeat(None)))
-            elif op == DELETE:
-                batch.delete(p + key, handle)
-                if listed:
-                    pending[state, key] = None
-            elif op == APPEND:
-                old = pending[state, key] if (state, key) in pending else self.get_many(state, [key])[0]
-                pending[state, key] = new = (old or b"") + value
-                batch.put(p + key, header + new if header else new, handle)
-                if header:  # the expiry is the primary's clock's: the whole value (without TTL a backup appends alike)
-                    as_stored = (RAW_PUT, state, key, header + new)
-            elif op == DELETE_RANGE:
-                batch.delete_range(p + key, p + value, handle)
-            elif op == DELETE_PREFIX:
-                end = prefix_end(key)
-                if end is None:  # empty or only 0xff bytes: to the end of the partition's range
-                    batch.delete_range(p + key, self._end, handle)
-                    as_stored = (DELETE_PREFIX, state, key, None)
-                else:
-                    batch.delete_range(p + key, p + end, handle)
-                    as_stored = (DELETE_RANGE, state, key, end)
-            else:
-                raise ValueError(f"unknown write op {op!r}")
-            if stored is not None:
-                stored.append(as_stored)
-        return batch
-
     # -- reads -----------------------------------------------------------
 
     def raw_get(self, state: str, keys: list[bytes]) -> list[bytes | None]:
@@ -331,7 +248,7 @@ class Partition:
         if self._ttl_ms(state) is None:
             return values
         now = now_ms()
-        return [v[8:] if v is not None and _EXPIRY.unpack_from(v)[0] > now else None for v in values]
+        return [v[8:] if v is not None and EXPIRY.unpack_from(v)[0] > now else None for v in values]
 
     def scan(self, state: str, prefix: bytes = b"", after: bytes | None = None, limit: int | None = None,
              stop: bytes | None = None) -> list[tuple[bytes, bytes]]:
@@ -339,7 +256,7 @@ class Partition:
         if self._ttl_ms(state) is None:  # RocksDB bounds the scan: no Python step per entry (half the cost)
             p, end = self.prefix, prefix_end(prefix)
             read = ReadOptions()
-            read.set_iterate_upper_bound(min(p + b for b in (stop, end) if b is not None) if stop is not None or end is not None else self._end)
+            read.set_iterate_upper_bound(min(p + b for b in (stop, end) if b is not None) if stop is not None or end is not None else self.end)
             start = after if after is not None and after > prefix else prefix
             entries = self._family(state).items(from_key=p + start, read_opt=read)
             cut = len(p)
@@ -370,7 +287,7 @@ class Partition:
                 value = it.value()
                 if ttl is None:
                     yield key, value
-                elif _EXPIRY.unpack_from(value)[0] > now:
+                elif EXPIRY.unpack_from(value)[0] > now:
                     yield key, value[8:]
             it.next()
 
@@ -388,7 +305,7 @@ class Partition:
         """Stored entries with start <= key < end, as they are on disk (TTL headers, expired ones too)."""
         it = self._family(state).iter()
         p, cut = self.prefix, len(self.prefix)
-        stop = self._end if end is None else p + end
+        stop = self.end if end is None else p + end
         it.seek(p + start)
         while it.valid() and it.key() < stop:
             yield it.key()[cut:], it.value()
@@ -406,7 +323,7 @@ class Partition:
         for key, value in entries:
             if should_stop():
                 break
-            if _EXPIRY.unpack_from(value)[0] <= now:
+            if EXPIRY.unpack_from(value)[0] <= now:
                 expired.append(key)
             if len(expired) >= batch_size:
                 removed += self._delete_if_expired(state, expired, now)
@@ -419,7 +336,7 @@ class Partition:
         with self.lock:  # re-check under the lock: a write may have refreshed an entry (or a handover begun)
             if self.backup or self.node_db is None:
                 return 0
-            gone = [k for k, v in zip(keys, self.raw_get(state, keys)) if v is not None and _EXPIRY.unpack_from(v)[0] <= now]
+            gone = [k for k, v in zip(keys, self.raw_get(state, keys)) if v is not None and EXPIRY.unpack_from(v)[0] <= now]
             if gone:
                 self.write([(DELETE_MANY, state, gone, None)])
             return len(gone)
