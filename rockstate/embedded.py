@@ -33,7 +33,7 @@ class EmbeddedBackend:
         self.store.write_all(list(ops_by_pid.items()))
 
     def get_many(self, state, keys_by_pid):
-        return {pid: self.store.get_many(pid, state, keys) for pid, keys in keys_by_pid.items()}
+        return dict(zip(keys_by_pid, self.store.get_groups(state, list(keys_by_pid.items()))))
 
     def compare_and_set(self, state, pid, key, expected, new) -> bool:
         return self.store.partition(pid).compare_and_set(state, key, expected, new)

@@ -252,7 +252,7 @@ def test_ttl_hides_expired_entries_and_sweeps_them(tmp_path):
         store = rs.backend.store
 
         def stored():
-            return sum(len(list(store.partition(p)._family("session").keys())) for p in store.owned())
+            return sum(len(list(store.partition(p).family("session").keys())) for p in store.owned())
 
         wait_for(lambda: stored() == 0)  # removed from RocksDB, not only hidden
         assert keep.get("k") == 1

@@ -6,7 +6,9 @@ import random
 import pytest
 
 from rockstate.config import StoreConfig
+from rockstate.errors import PartitionUnavailableError
 from rockstate.store import PUT_MANY, StateSpec, Store
+from rockstate.store.partition import RAW_PUT, now_ms
 
 
 @pytest.fixture
@@ -38,3 +40,32 @@ def test_scan_bounds_agree_with_key_order_on_both_paths(part):
         for state in ("plain", "ttl"):
             got = part.scan(state, prefix, after, limit, stop)
             assert [tuple(e) for e in got] == want, (state, prefix, after, stop, limit)
+
+
+def test_a_read_of_many_partitions_in_one_multi_get_answers_each_its_own_keys(tmp_path):
+    """``Store.get_groups``: the same answers as each partition's ``get_many`` (keys shared between partitions, a
+    TTL state's header removed and its expired entries absent, empty groups); a partition closed is refused."""
+    store = Store(str(tmp_path / "s"), StoreConfig(partitions=64))
+    store.define_state(StateSpec("plain", "value"))
+    store.define_state(StateSpec("ttl", "value", ttl=3600))
+    try:
+        for pid in range(64):
+            store.open_partition(pid)
+        rng = random.Random(3)
+        written = {pid: [b"user-%d" % rng.randrange(40) for _ in range(rng.randint(0, 6))] for pid in range(64)}
+        for state in ("plain", "ttl"):
+            store.write_all([(pid, [(PUT_MANY, state, keys, [b"%d:%s" % (pid, k) for k in keys])])
+                             for pid, keys in written.items() if keys])
+        stale = store.partition(5)  # an entry expired a second ago, stored as a TTL state's is
+        stale.write([(RAW_PUT, "ttl", b"user-old", (now_ms() - 1000).to_bytes(8, "big") + b"gone")])
+        groups = [(pid, [b"user-%d" % rng.randrange(40) for _ in range(rng.randint(0, 8))]) for pid in range(64)]
+        groups[5][1].append(b"user-old")
+        for state in ("plain", "ttl"):
+            found = store.get_groups(state, groups)
+            assert found == [store.get_many(pid, state, keys) for pid, keys in groups]
+            assert found == [[b"%d:%s" % (pid, k) if k in written[pid] else None for k in keys] for pid, keys in groups]
+        store.close_partition(9)
+        with pytest.raises(PartitionUnavailableError):
+            store.get_groups("plain", groups)
+    finally:
+        store.close()

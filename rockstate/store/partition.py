@@ -73,7 +73,7 @@ class Partition:
     def states(self) -> list[str]:
         return list(self._families)
 
-    def _family(self, state: str) -> Any:  # an Rdict column family (see NodeDB.families)
+    def family(self, state: str) -> Any:  # an Rdict column family (see NodeDB.families)
         self._open()
         try:
             return self._families[state]
@@ -100,7 +100,7 @@ class Partition:
         the store's partitions: the write path asks per op (a state's spec never changes once defined)."""
         kind = self._kinds.get(state)
         if kind is None:
-            self._family(state)  # an unknown state raises; a reserved one is made
+            self.family(state)  # an unknown state raises; a reserved one is made
             spec = self._specs.get(state)
             kind = self._kinds[state] = (self._handles[state], self._ttl_ms(state), spec is not None and spec.kind == "list")
         return kind
@@ -150,7 +150,7 @@ class Partition:
         """The last replicated batch this copy holds (0: none)."""
         with self.lock:
             if self._seq is None:
-                self._family(REPLICATION)
+                self.family(REPLICATION)
                 stored = self.raw_get_one(REPLICATION, SEQ_KEY)
                 self._seq = 0 if stored is None else _SEQ.unpack(stored)[0]
             return self._seq
@@ -235,16 +235,20 @@ class Partition:
     def raw_get(self, state: str, keys: list[bytes]) -> list[bytes | None]:
         """Stored values as they are (TTL headers included)."""
         p = self.prefix
-        return self._family(state).get([p + k for k in keys])
+        return self.family(state).get([p + k for k in keys])
 
     def raw_get_one(self, state: str, key: bytes) -> bytes | None:
         """``raw_get`` of one key, at a third of its cost (a write's request id is looked up on every write)."""
-        return self._family(state).get(self.prefix + key)
+        return self.family(state).get(self.prefix + key)
 
     def get_many(self, state: str, keys: list[bytes]) -> list[bytes | None]:
-        family, p = self._family(state), self.prefix
+        family, p = self.family(state), self.prefix
         # one key: a third of a multi-get's cost
         values = [family.get(p + keys[0])] if len(keys) == 1 else family.get([p + k for k in keys])
+        return self.live(state, values)
+
+    def live(self, state: str, values: list[bytes | None]) -> list[bytes | None]:
+        """Values of ``state`` as stored, as read: without a TTL state's header, an expired one None."""
         if self._ttl_ms(state) is None:
             return values
         now = now_ms()
@@ -258,7 +262,7 @@ class Partition:
             read = ReadOptions()
             read.set_iterate_upper_bound(min(p + b for b in (stop, end) if b is not None) if stop is not None or end is not None else self.end)
             start = after if after is not None and after > prefix else prefix
-            entries = self._family(state).items(from_key=p + start, read_opt=read)
+            entries = self.family(state).items(from_key=p + start, read_opt=read)
             cut = len(p)
             found = [(k[cut:], v) for k, v in islice(entries, None if limit is None else limit + 1)]
             if found and found[0][0] == after:
@@ -275,7 +279,7 @@ class Partition:
 
     def _iter(self, state: str, prefix: bytes, after: bytes | None) -> Iterator[tuple[bytes, bytes]]:
         ttl, now = self._ttl_ms(state), now_ms()
-        it = self._family(state).iter()
+        it = self.family(state).iter()
         full, cut = self.prefix + prefix, len(self.prefix)
         it.seek(self.prefix + after if after is not None and after > prefix else full)
         while it.valid():
@@ -303,7 +307,7 @@ class Partition:
 
     def raw_items(self, state: str, start: bytes = b"", end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """Stored entries with start <= key < end, as they are on disk (TTL headers, expired ones too)."""
-        it = self._family(state).iter()
+        it = self.family(state).iter()
         p, cut = self.prefix, len(self.prefix)
         stop = self.end if end is None else p + end
         it.seek(p + start)

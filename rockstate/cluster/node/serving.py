@@ -76,7 +76,7 @@ class DataHandlers:
         self.figures.keys_read += sum(len(keys) for _, keys in groups)
         store = self._store()
         try:
-            return [store.get_many(pid, msg.state, keys) for pid, keys in groups]
+            return store.get_groups(msg.state, groups)
         except (KeyError, TypeError, ValueError) as e:
             raise not_bytes(e, "keys of a 'read' message")
 
