@@ -87,7 +87,7 @@ class StoreConfig(Settings):
     """One process's RocksDB store (embedded, or a node's partitions)."""
 
     partitions: int = Field(271, ge=1, le=65536, description="P: partition count, fixed at creation")
-    memory_bytes: int = Field(256 * MiB, ge=8 * MiB, description="block cache of all partitions, which holds their memtables, index and bloom filter blocks too")
+    memory_bytes: int = Field(256 * MiB, ge=8 * MiB, description="block cache of all partitions, which holds their memtables, index and bloom filter blocks too; on a node an eighth of it holds the batches its replicas keep in memory instead")
     max_key_bytes: int = Field(16 * MiB, ge=1, description="largest encoded key")
     max_value_bytes: int = Field(16 * MiB, ge=1, description="largest encoded value")
     ttl_sweep_interval: float = Field(60.0, gt=0, description="seconds between background removals of expired entries")

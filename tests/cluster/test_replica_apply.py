@@ -150,3 +150,44 @@ def test_many_partitions_in_one_frame_each_in_order_through_a_lost_frame_and_a_m
     finally:
         primary_store.close()
         backup_store.close()
+
+
+def test_the_batches_replicas_keep_stay_within_their_bytes_and_a_promoted_copy_resends_what_it_kept(tmp_path):
+    """Each partition keeps its share of ``kept_bytes`` of the batches every backup applied (the newest at least),
+    a primary's log and a backup's tail alike; a backup behind keeps what it lacks on the primary, whatever it
+    weighs; a promoted backup's tail is what it kept, in order."""
+    primary_store, backup_store = _stores(tmp_path)
+    budget = 4 * 20_000  # each of the 4 partitions: ~20 KB, ~20 of the ~1 KB batches below, not TAIL (64)
+    primaries = Primaries(lambda: primary_store, lambda *r: None, lambda *r: None, lambda: 5.0, budget)
+    backups = Backups(lambda: backup_store, budget)
+    value = b"v" * 800
+
+    async def run() -> None:
+        primaries.on_loop()
+        primaries.sender("b")
+        for pid in PIDS:
+            primaries.lead(pid, 1, ("b",), ("b",), "sync", lambda pid, seq: [])
+            backups.adopt(pid, 1, 0)
+        for i in range(100):
+            for pid in PIDS:
+                primary_store.write(pid, [(PUT, "s", b"k%d" % i, value)])
+            out = primaries.outgoing("b", False)
+            primaries.answered("b", backups._apply(p.ReplicaApply.from_wire(p.ReplicaApply(items=out.items).to_wire()).items),
+                               out.carried)
+        primaries.outgoing("b", True)  # a full look trims the logs
+        assert 0 < primaries.kept() <= budget and 0 < backups.kept() <= budget
+        assert all(15 <= len(primaries._logs[pid]) < 25 and 15 <= len(backups._tails[pid]) < 25 for pid in PIDS)
+        tail = backups.promoted(0, 100)
+        assert [e[0] for e in tail] == list(range(101 - len(tail), 101))  # the newest, in order
+        # a backup behind: what it lacks stays in the log past the budget (100 batches of partition 1)
+        for i in range(100):
+            primary_store.write(1, [(PUT, "s", b"late%d" % i, value)])
+        primaries.outgoing("b", True)
+        assert [e[0] for e in primaries._logs[1]][-100:] == list(range(101, 201)) and primaries.kept() > budget
+        primaries.stop()
+
+    try:
+        asyncio.run(run())
+    finally:
+        primary_store.close()
+        backup_store.close()

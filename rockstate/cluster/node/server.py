@@ -47,7 +47,7 @@ from .ingest import SstIngestor
 from ..leader_channel import AsyncCoordinatorChannel
 from .metrics import NodeCollector, NodeMetrics
 from .migration import NodeMoves
-from ..replication.partitions import NodeReplication
+from ..replication.partitions import NodeReplication, kept_bytes
 from ..security import Security
 from .serving import DataHandlers
 from ..table import Table
@@ -76,7 +76,7 @@ class Node:
         store_of, node_id = self._store_of, self._node_id
         self.metrics = NodeMetrics(NodeCollector(self._open_store, config.memory_bytes, self.data_dir), node_id)
         self.replication = NodeReplication(store_of, node_id, self._replica_peer, self._report_replicas,
-                                           self.gate.ownership.owns, self._settled)
+                                           self.gate.ownership.owns, self._settled, kept_bytes(config.memory_bytes))
         primaries = self.replication.primaries
         self.data = DataHandlers(self.gate, self.metrics.requests, store_of, primaries.acknowledged,
                                  self.replication.backups.holds)
@@ -201,7 +201,9 @@ class Node:
         reply = await self._register()
         write_json(self._identity_path, {"node_id": self.node_id})
         # the cluster's partition count and key and value limits are the coordinator's
-        store_config = self.config.store.model_copy(update={"partitions": reply["partitions"], **reply["limits"]})
+        # and RocksDB's share of memory_bytes: the rest is the replicas' kept batches
+        store_config = self.config.store.model_copy(update={"partitions": reply["partitions"], **reply["limits"],
+                                                            "memory_bytes": self.config.memory_bytes - kept_bytes(self.config.memory_bytes)})
         # the internal states every partition of a node uses, created as a partition opens (not by its first write, on the loop)
         self.store = Store(os.path.join(self.data_dir, "store"), store_config, owned=[], reserved=(REQUESTS, REPLICATION))
         for spec in reply["states"]:

@@ -35,18 +35,30 @@ from .sender import Sender
 
 log = logging.getLogger(__name__)
 
+KEPT_SHARE = 8
+
+
+def kept_bytes(memory_bytes: int) -> int:
+    """What the batches a node's replicas keep in memory (its primaries' logs, its backups' tails) may weigh: an
+    eighth of its ``memory_bytes``, which RocksDB's block cache does not get, so the node's memory stays within
+    ``memory_bytes`` with backups too. At P=1024 with TAIL batches a partition they weighed ~45 MiB on a node."""
+    return memory_bytes // KEPT_SHARE
+
 
 class NodeReplication:
     def __init__(self, store_of: Callable[[], Store], node_id: Callable[[], str | None], peer: Callable[[str], AsyncChannel],
                  report: Callable[[list], Awaitable[None]], owns: Callable[[int], bool],
-                 retired: Callable[[int], Awaitable[None]]) -> None:
+                 retired: Callable[[int], Awaitable[None]], kept_bytes: int | None = None) -> None:
         """``peer(address)``: a kept connection to another node; ``report(reports)``: a ``ReplicaReport`` to the
-        coordinator; ``owns(pid)``: served here; ``retired(pid)``: waits until a copy this node served is gone."""
+        coordinator; ``owns(pid)``: served here; ``retired(pid)``: waits until a copy this node served is gone;
+        ``kept_bytes``: what the batches the replicas keep in memory may weigh, half for the primaries' logs and
+        half for the backups' tails."""
         self._store_of, self._node_id, self._peer, self._owns = store_of, node_id, peer, owns
         self.table = Table.empty(0)  # until the node's first: no partitions, the default replica timeout
         reports = Reports(report, self._replica_epoch, self.timeout)
-        self.primaries = Primaries(store_of, reports.report, reports.again, self.timeout)
-        self.backups = Backups(store_of)
+        half = None if kept_bytes is None else kept_bytes // 2
+        self.primaries = Primaries(store_of, reports.report, reports.again, self.timeout, half)
+        self.backups = Backups(store_of, half)
         self.copies = ReplicaCopies(store_of, node_id, peer, owns, retired, self._replica_epoch, self.primaries, self.backups)
         self._senders: dict[str, tuple[Sender, asyncio.Task]] = {}
         self._me: str | None = None  # this node's id when the last table was applied

@@ -31,7 +31,7 @@ from ...errors import PartitionUnavailableError, RockstateError
 from ...ops import RAW_PUT
 from ...store import Store
 from ...store.partition import REPLICATION, Partition
-from .backup import TAIL
+from .backup import TAIL, Kept, stored_bytes
 from .outcomes import Applied, Report
 
 log = logging.getLogger(__name__)
@@ -40,28 +40,11 @@ MAX_LOG = 200_000  # batches a primary keeps for a backup behind; one further be
 MAX_ITEMS_BYTES = 8 << 20  # per ReplicaApply, roughly
 MAX_ITEMS = 2000  # batches per ReplicaApply
 
-Entry = tuple[int, list]  # (seq, stored ops)
 
 
 class Outgoing(NamedTuple):
     items: list  # [[pid, replica epoch, seq, stored ops or None (a probe)], ...]
     carried: dict[int, int]  # pid -> the log's end it carries, for the partitions it carries whole
-
-
-def stored_bytes(stored: list) -> int:
-    """Roughly what a stored batch weighs on the wire: its keys and values (a list's items too)."""
-    size = 0
-    for op in stored:
-        for part in op[2:]:
-            if isinstance(part, (bytes, bytearray, memoryview)):
-                size += len(part)
-            elif isinstance(part, (list, tuple)):
-                try:  # a C loop: a generator per key was 2 % of a node's put time at P=271
-                    size += sum(map(len, part)) + 8 * len(part)
-                except TypeError:
-                    size += sum(len(x) for x in part if x is not None) + 8 * len(part)
-        size += 32
-    return size
 
 
 class _Wait:
@@ -96,14 +79,20 @@ def _under_lock(part: Partition, action: Callable[[], None]) -> None:
 
 class Primaries:
     def __init__(self, store_of: Callable[[], Store], report: Callable[[int, str, Report], None],
-                 again: Callable[[int, str, Report], None], timeout: Callable[[], float]) -> None:
+                 again: Callable[[int, str, Report], None], timeout: Callable[[], float], kept_bytes: int | None = None) -> None:
         """``report(pid, backup, kind)`` tells the coordinator (at most once a replica timeout; ``again``: now);
-        ``timeout()``: the table's replica timeout."""
+        ``timeout()``: the table's replica timeout; ``kept_bytes``: what the logs' batches every backup applied may
+        weigh in all (``stored_bytes``; None: TAIL a log), shared evenly by the partitions led."""
         self._store_of, self._report, self._again, self._timeout = store_of, report, again, timeout
+        self._kept_bytes = kept_bytes
+        # what each log weighs: added by ``shipped`` (under the partition's lock, on any thread), trimmed on the loop,
+        # each counter with one writer
+        self._log_added: dict[int, int] = {}
+        self._log_trimmed: dict[int, int] = {}
         self._acks: dict[int, PrimaryAcks] = {}
         self._backups: dict[int, tuple[str, ...]] = {}  # pid -> its backups in the newest table
         self._mode = "sync"  # the table's replication
-        self._logs: dict[int, deque[Entry]] = {}  # pid -> its batches, oldest first
+        self._logs: dict[int, deque[Kept]] = {}  # pid -> its batches, oldest first
         self._shipped_to: dict[int, int] = {}  # pid -> the last batch in its log
         self._sent: dict[tuple[str, int], int] = {}  # (backup, pid) -> its position as the primary knows it
         self._waiters: dict[int, list[tuple[int, _Wait]]] = {}  # pid -> (seq, the request waiting for it)
@@ -130,7 +119,7 @@ class Primaries:
     # -- roles ------------------------------------------------------------------------
 
     def lead(self, pid: int, epoch: int, backups: tuple[str, ...], in_sync: tuple[str, ...], mode: str,
-             tail_of: Callable[[int, int], list[Entry]]) -> None:
+             tail_of: Callable[[int, int], list[Kept]]) -> None:
         """Be (or stay) ``pid``'s primary at replica ``epoch``; new, its log starts from ``tail_of(pid, seq)``: a
         promoted backup's tail, through the copy's last batch ``seq``."""
         self._backups[pid], self._mode = backups, mode
@@ -143,7 +132,8 @@ class Primaries:
             acks.configure(epoch, backups, in_sync)  # the backups catching up too
             for b in in_sync:
                 self._sent[b, pid] = seq  # a backup behind answers with its position
-            self._logs[pid] = deque(tail)  # unbounded from now on
+            self._logs[pid] = deque(tail)  # trimmed by _trim from now on
+            self._log_added[pid], self._log_trimmed[pid] = sum(e[2] for e in tail), 0
             self._shipped_to[pid] = seq
             part.shipper = self.shipped
             log.debug("primary of partition %d at batch %d, replica epoch %d, backups %s", pid, seq, epoch, list(backups))
@@ -163,6 +153,8 @@ class Primaries:
         except RockstateError:
             pass
         self._logs.pop(pid, None)
+        self._log_added.pop(pid, None)
+        self._log_trimmed.pop(pid, None)
         self._shipped_to.pop(pid, None)
         for key in [k for k in self._sent if k[1] == pid]:
             del self._sent[key]
@@ -179,6 +171,7 @@ class Primaries:
         self._acks[pid] = PrimaryAcks(acks.epoch - 1, dict.fromkeys(acks.in_sync, 0), seq, self._mode)
         self._acks[pid].configure(acks.epoch, backups, acks.in_sync)  # waits until the coordinator drops them
         self._logs[pid], self._shipped_to[pid] = deque(), seq
+        self._log_added[pid] = self._log_trimmed[pid] = 0
         for b in backups:
             self._sent.pop((b, pid), None)
             self._again(pid, b, Report.DIVERGED)
@@ -220,7 +213,9 @@ class Primaries:
         entries = self._logs.get(pid)
         if entries is None:
             return  # it stopped being the primary as this write went through
-        entries.append((seq, stored))
+        size = stored_bytes(stored)
+        entries.append((seq, stored, size))
+        self._log_added[pid] = self._log_added.get(pid, 0) + size  # get: a step-down may have just dropped it
         self._shipped_to[pid] = seq
         if threading.get_ident() == self._loop_thread:
             self._queued(pid)
@@ -326,12 +321,12 @@ class Primaries:
             if entries is None:
                 self._report(pid, node, Report.UNREACHABLE)  # too far behind: it catches up anew
                 continue
-            for seq, stored in entries:
+            for seq, stored, weight in entries:
                 if items and (size > MAX_ITEMS_BYTES or len(items) >= MAX_ITEMS):
                     self._dirty.setdefault(node, set()).add(pid)  # the rest next time (a backup applies a partition's batches in order)
                     break
                 items.append([pid, acks.epoch, seq, stored])
-                size += stored_bytes(stored)
+                size += weight
             else:  # the whole log past its position: applying it, the backup is one request behind at most
                 carried[pid] = entries[-1][0] if entries else start
             if full and not entries:  # a probe: is its copy open, is it caught up? (an idle in-sync backup's node
@@ -365,7 +360,7 @@ class Primaries:
         if self._dirty.get(node):
             self._wake[node].set()  # more queued meanwhile
 
-    def _log_after(self, pid: int, seq: int) -> list[Entry] | None:
+    def _log_after(self, pid: int, seq: int) -> list[Kept] | None:
         entries = self._logs[pid]
         if not entries or entries[-1][0] <= seq:
             return []
@@ -380,9 +375,19 @@ class Primaries:
         return after
 
     def _trim(self, pids: Iterable[int]) -> None:
+        """The logs' batches every backup applied, past TAIL or past the partition's share of ``kept_bytes`` (a
+        backup behind keeps what it lacks: MAX_LOG bounds it)."""
+        share = None if self._kept_bytes is None else self._kept_bytes // max(1, len(self._acks))
         for pid in pids:
             entries = self._logs[pid]
             known = [self._sent[b, pid] for b in self._backups[pid] if (b, pid) in self._sent]
             floor = min(known, default=self._shipped_to[pid])
-            while len(entries) > MAX_LOG or (len(entries) > TAIL and entries[0][0] <= floor):
-                entries.popleft()
+            trimmed = self._log_trimmed[pid]
+            while len(entries) > MAX_LOG or (entries and entries[0][0] <= floor and (len(entries) > TAIL or (
+                    share is not None and self._log_added[pid] - trimmed > share and len(entries) > 1))):
+                trimmed += entries.popleft()[2]
+            self._log_trimmed[pid] = trimmed
+
+    def kept(self) -> int:
+        """What the logs weigh (``stored_bytes``)."""
+        return sum(self._log_added.values()) - sum(self._log_trimmed.values())
