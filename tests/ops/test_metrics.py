@@ -105,6 +105,7 @@ def test_node_exports_rocksdb_disk_and_process_figures(scraped):
     # partition any more may never be a millisecond late
     assert node["rockstate_node_loop_lag_seconds_count"] > 0 and 0 <= node["rockstate_node_loop_lag_max_seconds"] < 30
     assert "rockstate_node_gc_seconds_total" in node and node["rockstate_node_gc_pause_max_seconds"] >= 0
+    assert 0 <= node["rockstate_node_replica_kept_bytes"] <= (64 << 20) // 8
     for name in ("rockstate_node_rocksdb_memtable_bytes", "rockstate_node_rocksdb_pending_compaction_bytes",
                  "rockstate_node_rocksdb_sst_bytes", "rockstate_node_rocksdb_write_stalls", "rockstate_node_request_seconds_bucket"):
         assert name in node

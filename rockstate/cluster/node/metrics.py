@@ -163,6 +163,8 @@ class NodeMetrics:
         self.requests = RequestFigures()  # on the hot path: latency, keys read and written
         self.registry.register(self.requests)
         self.partitions = Gauge("rockstate_node_partitions", "Partitions owned", registry=self.registry)
+        self.replica_kept = Gauge("rockstate_node_replica_kept_bytes", "What the batches the node's replicas keep in memory "
+                                  "weigh (its primaries' logs, its backups' tails), within an eighth of memory_bytes", registry=self.registry)
         self._collector, self._node_id = collector, node_id
         self.registry.register(collector)
         self.loop_lag = LoopLag("rockstate_node", self.registry)  # started by the node, on its loop

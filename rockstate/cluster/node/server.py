@@ -77,9 +77,10 @@ class Node:
         self.metrics = NodeMetrics(NodeCollector(self._open_store, config.memory_bytes, self.data_dir), node_id)
         self.replication = NodeReplication(store_of, node_id, self._replica_peer, self._report_replicas,
                                            self.gate.ownership.owns, self._settled, kept_bytes(config.memory_bytes))
-        primaries = self.replication.primaries
+        primaries, backups = self.replication.primaries, self.replication.backups
+        self.metrics.replica_kept.set_function(lambda: primaries.kept() + backups.kept())
         self.data = DataHandlers(self.gate, self.metrics.requests, store_of, primaries.acknowledged,
-                                 self.replication.backups.holds)
+                                 backups.holds)
         self.moves = NodeMoves(self.gate, store_of, self._mover, self._replacing, primaries.drained, primaries.resumed)
         self.ingestor = SstIngestor(self.gate, store_of, primaries.resync)  # bulk-loaded SST files
         self.handlers = self._handlers()

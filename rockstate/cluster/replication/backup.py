@@ -21,6 +21,7 @@ from .. import protocol as p
 from .outcomes import Applied
 
 TAIL = 64  # batches every replica keeps past what its backups applied: a promoted one resends its tail from them
+INLINE_ITEMS = 64  # a backup applies up to this many on its loop, more in a thread
 Kept = tuple[int, list, int]  # a batch a replica keeps: (seq, stored ops, ``stored_bytes``)
 
 
@@ -40,7 +41,6 @@ def stored_bytes(stored: list) -> int:
                     size += sum(len(x) for x in part if x is not None) + 48 * len(part)
         size += 180
     return size
-INLINE_ITEMS = 64  # a backup applies up to this many on its loop, more in a thread
 
 
 class Backups:

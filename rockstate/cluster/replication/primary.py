@@ -41,7 +41,6 @@ MAX_ITEMS_BYTES = 8 << 20  # per ReplicaApply, roughly
 MAX_ITEMS = 2000  # batches per ReplicaApply
 
 
-
 class Outgoing(NamedTuple):
     items: list  # [[pid, replica epoch, seq, stored ops or None (a probe)], ...]
     carried: dict[int, int]  # pid -> the log's end it carries, for the partitions it carries whole
