@@ -183,7 +183,7 @@ class ReplicaApply(Message):
     op = "replica_apply"
     items: list
 
-    def received(self) -> None:  # a sender builds it from its logs: checked there, this was 4 % of a primary's CPU
+    def received(self) -> None:  # not on the sender, which builds it from its own logs (checking them was 4 % of its CPU)
         if len(self.items) > MAX_REPLICA_ITEMS:
             raise ProtocolError(f"a 'replica_apply' message carries at most {MAX_REPLICA_ITEMS} batches, not {len(self.items)}",
                                 op=self.op, field="items")
