@@ -9,6 +9,7 @@ from .api import Rockstate
 from .config import CheckpointConfig, StoreConfig, load, validate
 from .errors import RockstateError
 from .files import read_json
+from .runs import get_many_as_runs
 from .store import StateSpec, Store
 
 
@@ -33,7 +34,10 @@ class EmbeddedBackend:
         self.store.write_all(list(ops_by_pid.items()))
 
     def get_many(self, state, keys_by_pid):
-        return dict(zip(keys_by_pid, self.store.get_groups(state, list(keys_by_pid.items()))))
+        return get_many_as_runs(self.read_runs, state, keys_by_pid)
+
+    def read_runs(self, state, pids, counts, keys):
+        return self.store.get_runs(state, pids, counts, keys)
 
     def compare_and_set(self, state, pid, key, expected, new) -> bool:
         return self.store.partition(pid).compare_and_set(state, key, expected, new)

@@ -14,7 +14,6 @@ states it may have meant, so a misspelt name is never a new empty state.
 
 from __future__ import annotations
 
-from itertools import chain
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Protocol
 
 import numpy as np
@@ -23,6 +22,7 @@ from . import keys as keyhash
 from .serde import decode_key, decode_stream, decode_value, decode_values, encode_key, encode_keys, encode_value, encode_values, split_pair
 from .errors import InvalidInputError, UnknownStateError
 from .ops import APPEND, DELETE, DELETE_MANY, DELETE_PREFIX, PUT, PUT_MANY
+from .runs import group_by_partition, read_columns
 from .store.catalog import StateSpec, check_name
 
 try:
@@ -62,6 +62,7 @@ class Backend(Protocol):
     def define_state(self, spec: StateSpec, create: bool = True) -> StateSpec: ...  # create=False: UnknownStateError if none
     def write(self, ops_by_pid: dict[int, list["Op"]]) -> None: ...
     def get_many(self, state: str, keys_by_pid: dict[int, list[bytes]]) -> dict[int, list[bytes | None]]: ...
+    def read_runs(self, state: str, pids: list[int], counts: list[int], keys: list[bytes]) -> list[bytes | None]: ...  # runs.py
     def scan(self, state: str, pid: int, prefix: bytes, after: bytes | None, limit: int) -> list[tuple[bytes, bytes]]: ...
     def scan_many(self, state: str, pages_by_pid: dict[int, tuple]) -> dict[int, tuple[list[bytes], list[bytes]]]: ...  # (prefix, after, stop, limit) -> (keys, values)
     def count(self, state: str) -> int: ...
@@ -146,17 +147,6 @@ def batch_columns(items: Any, values: Any = None) -> tuple[Any, list, list]:
     return keys, column, values
 
 
-def group_by_partition(pids: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
-    """A stable order that groups rows by partition, and the (pid, start, end) of each group in it."""
-    if len(pids) and pids.min() == pids.max():  # one partition: no sort needed
-        return np.arange(len(pids)), [(int(pids[0]), 0, len(pids))]
-    order = np.argsort(pids, kind="stable")
-    ordered = pids[order]
-    cuts = (np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist()
-    starts, ends = [0, *cuts], [*cuts, len(pids)]
-    return order, [(int(ordered[a]), a, b) for a, b in zip(starts, ends)] if len(pids) else []
-
-
 class _State:
     kind = ""
 
@@ -199,11 +189,7 @@ class _State:
 
     def _get_one(self, pid: int, key: bytes) -> bytes | None:
         self._reading()
-        return self._backend.get_many(self.name, {pid: [key]})[pid][0]
-
-    def _get_many(self, keys_by_pid: dict[int, list[bytes]]) -> dict[int, list[bytes | None]]:
-        self._reading()
-        return self._backend.get_many(self.name, keys_by_pid)
+        return self._backend.read_runs(self.name, [pid], [1], [key])[0]
 
     def _count(self) -> int:
         self._reading()
@@ -257,16 +243,8 @@ class ValueState(_State):
     def get_many(self, keys: Any, default: Any = None) -> list[Any]:
         """Values of ``keys`` (any sequence or array: list, numpy, pandas, Arrow), in their order."""
         encoded, pids = prepare_keys(keys, self._P, self._backend.max_key_bytes)
-        order, groups = group_by_partition(pids)
-        if len(groups) == 1:  # one partition: the keys as they are, no reordering
-            return decode_values(self._get_many({groups[0][0]: encoded})[groups[0][0]], default)
-        take = encoded.__getitem__
-        idx = order.tolist()
-        found = self._get_many({pid: list(map(take, idx[a:b])) for pid, a, b in groups})
-        grouped = list(chain.from_iterable(found[pid] for pid, _, _ in groups))  # in partition order
-        where = np.empty(len(idx), dtype=np.int64)
-        where[order] = np.arange(len(idx))  # key i's value is grouped[where[i]]
-        return decode_values(list(map(grouped.__getitem__, where.tolist())), default)
+        self._reading()
+        return decode_values(read_columns(self._backend.read_runs, self.name, encoded, pids), default)
 
     def put_many(self, items: Any, values: Any = None) -> None:
         """``put_many(mapping)``, ``put_many(pairs)`` or ``put_many(keys, values)`` (see ``batch_columns``)."""

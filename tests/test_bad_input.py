@@ -121,7 +121,7 @@ def first_node(cluster):
 
 
 def raw_read(channel: Channel, rs, pid: int, keys: list[bytes], state: str = "raw-target") -> list:
-    return channel.call(p.Read(epoch=rs.backend.table.epoch, state=state, groups=[[pid, keys]]))[0]
+    return channel.call(p.Read(epoch=rs.backend.table.epoch, state=state, pids=[pid], counts=[len(keys)], keys=keys))
 
 
 # -- oversized keys and values ------------------------------------------------------
@@ -479,7 +479,7 @@ def test_partition_out_of_range_raw(cluster, rs, pid, op):
                 channel.call(p.Write(epoch=epoch, groups=[[good, [[PUT, "raw-target", key, b"\x01"]]],
                                                          [pid, [[PUT, "raw-target", key, b"\x01"]]]]))
             elif op == "read":
-                channel.call(p.Read(epoch=epoch, state="raw-target", groups=[[good, [key]], [pid, [key]]]))
+                channel.call(p.Read(epoch=epoch, state="raw-target", pids=[good, pid], counts=[1, 1], keys=[key, key]))
             else:
                 channel.call(p.Scan(epoch=epoch, partition=pid, state="raw-target"))
         err = info.value
@@ -576,12 +576,14 @@ def _wrong_fields(epoch: int, pid: int) -> dict:
     return {
         "epoch as str": (p.Write(epoch=str(epoch), groups=[]), "field 'epoch' of 'write' message must be int, not str"),
         "groups as dict": (p.Write(epoch=epoch, groups={}), "field 'groups' of 'write' message must be list, not dict"),
-        "state as int": (p.Read(epoch=epoch, state=5, groups=[]), "field 'state' of 'read' message must be str, not int"),
+        "state as int": (p.Read(epoch=epoch, state=5, pids=[], counts=[], keys=[]), "field 'state' of 'read' message must be str, not int"),
         "prefix as str": (p.Scan(epoch=epoch, partition=pid, state="raw-target", prefix="x"),
                           "field 'prefix' of 'scan' message must be bytes, not str"),
         "group not a pair": (p.Write(epoch=epoch, groups=[[pid]]), "[[partition, "),
         "group not a list": (p.Write(epoch=epoch, groups=[5]), "[[partition, "),
-        "partition as list": (p.Read(epoch=epoch, state="raw-target", groups=[[[pid], [k]]]), "[[partition, "),
+        "partition as list": (p.Read(epoch=epoch, state="raw-target", pids=[[pid]], counts=[1], keys=[k]), "a partition and a count"),
+        "read counts not adding up": (p.Read(epoch=epoch, state="raw-target", pids=[pid], counts=[2], keys=[k]), "adding up"),
+        "read count of 0": (p.Read(epoch=epoch, state="raw-target", pids=[pid, pid], counts=[0, 1], keys=[k]), "(>= 1)"),
         "ops not a list": (p.Write(epoch=epoch, groups=[[pid, 5]]), "ops of partition"),
         "op too short": (p.Write(epoch=epoch, groups=[[pid, [[PUT, "raw-target"]]]]), "an op is [code, state, key, value]"),
         "unknown op code": (p.Write(epoch=epoch, groups=[[pid, [[99, "raw-target", k, b"v"]]]]), "unknown op code 99"),
@@ -596,8 +598,9 @@ def _wrong_fields(epoch: int, pid: int) -> dict:
                                 "keys and values are bytes"),
         "put_many of str values": (p.Write(epoch=epoch, groups=[[pid, [[PUT_MANY, "raw-target", [k], ["v"]]]]]),
                                    "keys and values are bytes"),
-        "read keys not a list": (p.Read(epoch=epoch, state="raw-target", groups=[[pid, "abc"]]), "keys of partition"),
-        "read keys as ints": (p.Read(epoch=epoch, state="raw-target", groups=[[pid, [1, 2]]]), "keys and values are bytes"),
+        "read keys not a list": (p.Read(epoch=epoch, state="raw-target", pids=[pid], counts=[3], keys="abc"),
+                                 "field 'keys' of 'read' message must be list"),
+        "read keys as ints": (p.Read(epoch=epoch, state="raw-target", pids=[pid], counts=[2], keys=[1, 2]), "keys and values are bytes"),
     }
 
 

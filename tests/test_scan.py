@@ -43,8 +43,9 @@ def test_scan_bounds_agree_with_key_order_on_both_paths(part):
 
 
 def test_a_read_of_many_partitions_in_one_multi_get_answers_each_its_own_keys(tmp_path):
-    """``Store.get_groups``: the same answers as each partition's ``get_many`` (keys shared between partitions, a
-    TTL state's header removed and its expired entries absent, empty groups); a partition closed is refused."""
+    """``Store.get_runs``: the same answers as each partition's ``get_many`` (keys shared between partitions, a
+    TTL state's header removed and its expired entries absent, a partition in two runs, one key); a partition closed
+    is refused."""
     store = Store(str(tmp_path / "s"), StoreConfig(partitions=64))
     store.define_state(StateSpec("plain", "value"))
     store.define_state(StateSpec("ttl", "value", ttl=3600))
@@ -58,14 +59,19 @@ def test_a_read_of_many_partitions_in_one_multi_get_answers_each_its_own_keys(tm
                              for pid, keys in written.items() if keys])
         stale = store.partition(5)  # an entry expired a second ago, stored as a TTL state's is
         stale.write([(RAW_PUT, "ttl", b"user-old", (now_ms() - 1000).to_bytes(8, "big") + b"gone")])
-        groups = [(pid, [b"user-%d" % rng.randrange(40) for _ in range(rng.randint(0, 8))]) for pid in range(64)]
+        groups = [(pid, [b"user-%d" % rng.randrange(40) for _ in range(rng.randint(1, 8))]) for pid in range(64)]
         groups[5][1].append(b"user-old")
+        groups.append((3, [b"user-1", b"user-2"]))
+        pids, counts = [pid for pid, _ in groups], [len(keys) for _, keys in groups]
+        keys = [k for _, ks in groups for k in ks]
         for state in ("plain", "ttl"):
-            found = store.get_groups(state, groups)
-            assert found == [store.get_many(pid, state, keys) for pid, keys in groups]
-            assert found == [[b"%d:%s" % (pid, k) if k in written[pid] else None for k in keys] for pid, keys in groups]
+            found = store.get_runs(state, pids, counts, keys)
+            assert found == [v for pid, ks in groups for v in store.get_many(pid, state, ks)]
+            assert found == [b"%d:%s" % (pid, k) if k in written[pid] else None for pid, ks in groups for k in ks]
+            assert store.get_runs(state, [5], [1], [b"user-old"]) == [None]
+            assert store.get_runs(state, [], [], []) == []
         store.close_partition(9)
         with pytest.raises(PartitionUnavailableError):
-            store.get_groups("plain", groups)
+            store.get_runs("plain", pids, counts, keys)
     finally:
         store.close()

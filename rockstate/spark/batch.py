@@ -20,7 +20,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..states import SCAN_PAGE, Backend, group_by_partition
+from ..runs import group_by_partition, objects, read_columns
+from ..states import SCAN_PAGE, Backend
 from ..store.partition import DELETE_MANY, DELETE_PREFIX, PUT_MANY
 from .expiry import add_entries
 from .timers import TimerView
@@ -48,29 +49,16 @@ class BatchWriter:
             self.backend.write(ops)
 
 
-def _objects(items: Sequence) -> np.ndarray:
-    array = np.empty(len(items), dtype=object)
-    array[:] = items
-    return array
-
-
 def _fetch(backend: Backend, state: str, keys: Sequence[bytes], pids: np.ndarray) -> list[bytes | None]:
     """Committed values of ``keys`` (pids[i] is keys[i]'s partition), in order: one request per owner."""
-    if not len(keys):
-        return []
-    order, groups = group_by_partition(pids)
-    ordered = _objects(keys)[order].tolist()
-    found = backend.get_many(state, {pid: ordered[a:b] for pid, a, b in groups})
-    out = np.empty(len(keys), dtype=object)
-    out[order] = [v for pid, _, _ in groups for v in found[pid]]
-    return out.tolist()
+    return read_columns(backend.read_runs, state, list(keys), pids)
 
 
 def _add_columns(writer: BatchWriter, op: int, state: str, keys: list[bytes], pids: np.ndarray, values: list[bytes] | None) -> None:
     """``op`` (PUT_MANY or DELETE_MANY) over rows grouped by partition, keeping their order."""
     order, groups = group_by_partition(pids)
-    keys = _objects(keys)[order].tolist()
-    values = None if values is None else _objects(values)[order].tolist()
+    keys = objects(keys)[order].tolist()
+    values = None if values is None else objects(values)[order].tolist()
     for pid, a, b in groups:
         writer.add(pid, (op, state, keys[a:b], None if values is None else values[a:b]))
 

@@ -65,7 +65,8 @@ from pyspark.sql import types as T
 from ..cluster.security import load_secret
 from ..errors import BatchAppliedError, ConfigError, InvalidInputError, StageIncompleteError, StateKindError
 from ..serde import encode_values
-from ..states import ValueState, group_by_partition, prepare_keys
+from ..runs import group_by_partition
+from ..states import ValueState, prepare_keys
 from ..store.partition import DELETE_MANY, PUT_MANY
 from .arrow_values import encode_column
 from .bulk import pylist

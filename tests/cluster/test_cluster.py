@@ -117,11 +117,11 @@ def test_stale_epoch_is_fenced(cluster):
         channel = Channel(owner)
         try:
             with pytest.raises(NotOwnerError) as info:
-                channel.call(p.Read(epoch=table.since[pid] - 1, state="fence", groups=[[pid, [b"\xa1k"]]]))
+                channel.call(p.Read(epoch=table.since[pid] - 1, state="fence", pids=[pid], counts=[1], keys=[b"\xa1k"]))
             assert info.value.data["epoch"] == table.epoch
             other = next(a for n, a in table.addresses.items() if a != owner and n in table.owners)
             with pytest.raises(NotOwnerError, match="does not own partition"):
-                Channel(other).call(p.Read(epoch=table.epoch, state="fence", groups=[[pid, [b"\xa1k"]]]))
+                Channel(other).call(p.Read(epoch=table.epoch, state="fence", pids=[pid], counts=[1], keys=[b"\xa1k"]))
         finally:
             channel.close()
 

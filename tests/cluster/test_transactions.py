@@ -1,7 +1,8 @@
 """Micro-batch versions through the routing client, across nodes and a partition move."""
 
 from rockstate.serde import encode_value
-from rockstate.states import group_by_partition, prepare_keys
+from rockstate.runs import group_by_partition
+from rockstate.states import prepare_keys
 from rockstate.store import PUT_MANY
 from rockstate.testing.cluster import gen_cluster
 

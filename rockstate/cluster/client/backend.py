@@ -18,19 +18,22 @@ from ssl import SSLContext
 import threading
 from typing import Any, Callable, Iterable, cast
 
+import numpy as np
+
 from ...api import Rockstate
-from ...checkpoint.coordinator import CheckpointRecord
 from ...checkpoint.manifest import checksum_file
-from ...checkpoint.restore import RestoreResult
-from ...checkpoint.savepoint import SavepointInfo
-from ...errors import ClusterTimeoutError, ConnectionLostError, PartitionUnavailableError, RockstateError, StoreClosedError
+from ...errors import (ClusterTimeoutError, ConnectionLostError, PartitionUnavailableError, ProtocolError, RockstateError,
+                       StoreClosedError)
 from ...retry import Retry
+from ...runs import get_many_as_runs, objects
 from ...rpc.client import Channel, call_many
 from ...rpc.messages import Message
 from ...states import Checkpointer
 from ...store import StateSpec, requests
 from .. import protocol as p
 from .bulk import upload_and_ingest
+from .checkpoints import ClusterCheckpointClient
+from .events import Subscription
 from ..leader_channel import CoordinatorChannel
 from ..security import load_secret
 from ..table import Table
@@ -177,10 +180,56 @@ class ClusterBackend:
         self._routed(ops_by_pid, lambda epoch, groups: p.Write(epoch=epoch, groups=groups, request=request))
 
     def get_many(self, state: str, keys_by_pid: dict[int, list[bytes]]) -> dict[int, list[bytes | None]]:
-        if self.read_from_backup:
-            return self._routed(keys_by_pid, lambda epoch, groups: p.Read(epoch=epoch, state=state, groups=groups, backup=True),
-                                _backup_address)
-        return self._routed(keys_by_pid, lambda epoch, groups: p.Read(epoch=epoch, state=state, groups=groups))
+        return get_many_as_runs(self.read_runs, state, keys_by_pid)
+
+    def read_runs(self, state: str, pids: list[int], counts: list[int], keys: list[bytes]) -> list[bytes | None]:
+        """``runs.py``: each owner's runs in one ``Read`` (all owners at once), as columns; what failed retried."""
+        backup = self.read_from_backup
+        address_of = _backup_address if backup else Table.owner_address
+
+        def read(epoch: int, runs: list[int], at: list[int] | None) -> p.Read:
+            return p.Read(epoch=epoch, state=state, pids=[pids[r] for r in runs], counts=[counts[r] for r in runs],
+                          keys=keys if at is None else list(map(keys.__getitem__, at)), backup=backup)
+
+        if len(pids) == 1:  # one partition (a one-key get): no grouping by owner
+            return self._on_owner(pids[0], lambda channel, epoch: _values(channel.call(read(epoch, [0], None)), len(keys)),
+                                  address_of)
+        run_of_key = np.repeat(np.arange(len(pids)), counts)
+        values = np.empty(len(keys), dtype=object)
+        pending = set(range(len(pids)))
+
+        def attempt() -> list:
+            table = self.table
+            by_owner: dict[str | None, list[int]] = {}
+            for run in sorted(pending):
+                by_owner.setdefault(address_of(table, pids[run]), []).append(run)
+            last_error: RockstateError | None = None
+            unowned = by_owner.pop(None, [])
+            if unowned:
+                last_error = PartitionUnavailableError(f"partitions {[pids[r] for r in unowned[:5]]} have no live owner")
+            calls, at_of = [], []
+            for address, runs in by_owner.items():
+                if len(runs) == len(pids):  # the whole read to one owner (a Spark task's): the keys as they are
+                    at = None
+                else:
+                    chosen = np.zeros(len(pids), dtype=bool)
+                    chosen[runs] = True
+                    at = np.flatnonzero(chosen[run_of_key]).tolist()
+                at_of.append((runs, at))
+                calls.append((self._channel(cast(str, address)), read(table.epoch, runs, at)))
+            for (runs, at), answer in zip(at_of, self._call_all(calls)):
+                if isinstance(answer, RockstateError):
+                    if not answer.retryable:
+                        raise answer
+                    last_error = answer
+                    continue
+                values[slice(None) if at is None else at] = objects(_values(answer, len(keys) if at is None else len(at)))
+                pending.difference_update(runs)
+            if pending:
+                raise cast(RockstateError, last_error)  # set: a run stays pending only after an error
+            return values.tolist()
+
+        return self._retried(attempt, lambda: sorted({pids[r] for r in pending}))
 
     def compare_and_set(self, state: str, pid: int, key: bytes, expected: bytes | None, new: bytes) -> bool:
         """Atomically on the partition's owner; answers whether it applied.
@@ -265,7 +314,7 @@ class ClusterBackend:
     def subscribe(self, callback: Callable[[dict], None], *, from_now: bool = True) -> "Subscription":
         """Call ``callback(event)`` in a background thread for every new cluster event."""
         known = self.events() if from_now else []
-        return Subscription(self, callback, known[-1]["seq"] if known else 0)
+        return Subscription(self.events, callback, known[-1]["seq"] if known else 0)
 
     # -- checkpoints (``checkpointer``) and the coordinator's answers ---------------
 
@@ -290,84 +339,20 @@ class ClusterBackend:
             self._channels.clear()
 
 
+def _values(answer: Any, n: int) -> list:
+    """A node's answer to a ``Read`` of ``n`` keys, checked."""
+    if type(answer) is not list or len(answer) != n:
+        raise ProtocolError(f"a node answered a read of {n} keys with {type(answer).__name__} of "
+                            f"{len(answer) if isinstance(answer, list) else '?'} items")
+    return answer
+
+
 def _backup_address(table: Table, pid: int) -> str | None:
     """A stale read's node: the partition's first in-sync backup, else its primary."""
     for node in table.in_sync_of(pid):
         if node in table.addresses:
             return table.addresses[node]
     return table.owner_address(pid)
-
-
-class Subscription:
-    """A thread that long-polls the coordinator for events; ``close()`` stops it.
-
-    Events are delivered in order, each once. A restarted coordinator keeps
-    numbering where it stopped (cluster/events.py); one started without its
-    data dir counts from 1 again, which the subscription notices and follows.
-    """
-
-    POLL = 1.0
-
-    def __init__(self, backend: ClusterBackend, callback: Callable[[dict], None], after: int) -> None:
-        self._backend, self._callback, self.after = backend, callback, after
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="rockstate-events", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                events = self._backend.events(self.after, self.POLL)
-            except RockstateError:
-                self._stop.wait(self.POLL)  # the coordinator is away; try again
-                continue
-            if events and events[0]["seq"] <= self.after:  # a coordinator without its old log: numbering restarted
-                self.after = 0
-            for event in events:
-                if event["seq"] > self.after:
-                    self.after = event["seq"]
-                    self._callback(event)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(self.POLL + 5)
-
-    def __enter__(self) -> "Subscription":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class ClusterCheckpointClient:
-    """The cluster's checkpoints, as ``Rockstate.checkpoint()`` and friends see them."""
-
-    TIMEOUT = 3600.0
-
-    def __init__(self, coordinator: CoordinatorChannel, ask: Callable[..., Any]) -> None:
-        self._coordinator = coordinator  # restores and savepoints are not retried: they are not idempotent
-        self._ask = ask
-        self.last_restore: RestoreResult | None = None
-
-    def checkpoint(self) -> CheckpointRecord:
-        return CheckpointRecord(**self._ask(p.TriggerCheckpoint(), timeout=self.TIMEOUT))
-
-    def checkpoints(self) -> list[CheckpointRecord]:
-        return [CheckpointRecord(**r) for r in self._ask(p.ListCheckpoints())]
-
-    def restore(self, checkpoint_id: int | None = None, savepoint: str | None = None) -> RestoreResult:
-        r = self._coordinator.call(p.RestoreCluster(checkpoint=checkpoint_id, savepoint=savepoint), timeout=self.TIMEOUT)
-        self.last_restore = RestoreResult.from_dict(r)
-        return self.last_restore
-
-    def savepoint(self, name: str, checkpoint_id: int | None = None) -> SavepointInfo:
-        return SavepointInfo(**self._coordinator.call(p.CreateSavepoint(name=name, checkpoint=checkpoint_id), timeout=self.TIMEOUT))
-
-    def inspect(self, checkpoint_id: int) -> dict:
-        return self._ask(p.InspectCheckpoint(checkpoint=checkpoint_id))
-
-    def savepoints(self) -> list[SavepointInfo]:
-        return [SavepointInfo(**s) for s in self._ask(p.ListSavepoints())]
 
 
 CLIENT_SETTINGS = {

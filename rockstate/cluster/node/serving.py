@@ -65,18 +65,11 @@ class DataHandlers:
         return answer
 
     async def read(self, msg: p.Read, conn: object) -> list:
-        if msg.backup and all(self.backup_copy(pid) for pid, _ in _groups(msg)):
-            groups = list(msg.groups)  # a stale read, from this node's backup copies
-        else:
-            groups = [(self.gate.check(pid, msg.epoch), keys) for pid, keys in _groups(msg)]
-            await self.acknowledged([pid for pid, _ in groups])
-        for pid, keys in groups:
-            if type(keys) is not list:
-                raise ProtocolError(f"keys of partition {pid} in a 'read' message must be a list of bytes, not {type(keys).__name__}")
-        self.figures.keys_read += sum(len(keys) for _, keys in groups)
-        store = self._store()
+        if not (msg.backup and all(map(self.backup_copy, msg.pids))):  # else a stale read, from this node's backup copies
+            await self.acknowledged([self.gate.check(pid, msg.epoch) for pid in msg.pids])
+        self.figures.keys_read += len(msg.keys)
         try:
-            return store.get_groups(msg.state, groups)
+            return self._store().get_runs(msg.state, msg.pids, msg.counts, msg.keys)
         except (KeyError, TypeError, ValueError) as e:
             raise not_bytes(e, "keys of a 'read' message")
 

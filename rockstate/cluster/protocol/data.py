@@ -21,13 +21,25 @@ class Write(Message):
 
 
 class Read(Message):
-    """Read keys of one state from several partitions: ``groups`` is [[pid, keys], ...]; answers [[values], ...]."""
+    """Read keys of one state from several partitions, as columns: ``keys`` in runs, run i ``counts[i]`` keys of
+    partition ``pids[i]``; answers their values (None: absent) in one list, in the keys' order. Columns, not a list
+    per partition: a 5,000-key read at P=1024 reaches ~340 partitions of a node, each a list both ways before."""
 
     op = "read"
     epoch: int
     state: str
-    groups: list
+    pids: list
+    counts: list
+    keys: list
     backup: bool = False  # served by a backup (``read_from_backup``): may miss the latest writes
+
+    def received(self) -> None:
+        if len(self.pids) != len(self.counts) or not set(map(type, self.pids)) <= {int} \
+                or not set(map(type, self.counts)) <= {int} or (self.counts and min(self.counts) < 1) \
+                or sum(self.counts) != len(self.keys):
+            raise ProtocolError(f"a 'read' message has a partition and a count (>= 1) per run of keys, counts adding up "
+                                f"to its {len(self.keys)} keys; not pids {self.pids!r:.80} and counts {self.counts!r:.80}",
+                                op=self.op, field="counts")
 
 
 class CompareAndSet(Message):
