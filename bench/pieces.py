@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import shutil
 import statistics
@@ -42,6 +43,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from common import key_of, print_table  # noqa: E402
 
+from rockstate.cli.servers import GC_THRESHOLDS  # noqa: E402
 from rockstate.cluster import protocol as p  # noqa: E402
 from rockstate.cluster.replication.backup import Backups  # noqa: E402
 from rockstate.cluster.replication.primary import Primaries  # noqa: E402
@@ -162,6 +164,7 @@ def main() -> None:
     parser.add_argument("--partitions", default="16,271,1024")
     args = parser.parse_args()
     ps = [int(x) for x in args.partitions.split(",") if x]
+    gc.set_threshold(*GC_THRESHOLDS)  # as a node's process collects (cli/servers.py): at Python's default the collector was 40 % of a batch's RocksDB puts here
     root = tempfile.mkdtemp(prefix="rockstate-bench-pieces-")
     try:
         rows = [(P, asyncio.run(_run(P, os.path.join(root, str(P))))) for P in ps]

@@ -91,9 +91,9 @@ def test_a_node_cut_off_from_the_coordinator_stops_serving_before_its_partitions
             pid = rs.partition_of(key)
 
             def stale_read():  # a client that keeps the table from before the cut, and asks the old owner
-                return stale_client.call(p.Read(epoch=table.epoch, state="v", groups=[[pid, [encode_key(key)]]]))
+                return stale_client.call(p.Read(epoch=table.epoch, state="v", pids=[pid], counts=[1], keys=[encode_key(key)]))
 
-            assert decode_value(stale_read()[0][0]) == "checkpointed"
+            assert decode_value(stale_read()[0]) == "checkpointed"
             link.cut()
 
             def refused():
