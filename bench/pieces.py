@@ -50,7 +50,6 @@ from rockstate.cluster.replication.primary import Primaries  # noqa: E402
 from rockstate.config import StoreConfig  # noqa: E402
 from rockstate.ops import PUT_MANY, RAW_PUT, RAW_PUT_MANY  # noqa: E402
 from rockstate.store import StateSpec, Store  # noqa: E402
-from rockstate.store.partition import REPLICATION, SEQ_KEY  # noqa: E402
 from rockstate.store.requests import REQUESTS, WRITTEN  # noqa: E402
 
 CACHE_BYTES = 64 << 20  # more than the machine's caches
@@ -145,8 +144,7 @@ def _single(root: str) -> dict[str, tuple[float, float]]:
             if cold:
                 junk += 1
             seqs[pid] += 1
-            stored = [[RAW_PUT_MANY, "scale", [key], [VALUE]], [RAW_PUT, REQUESTS, request, WRITTEN],
-                      [RAW_PUT, REPLICATION, SEQ_KEY, seqs[pid].to_bytes(8, "big")]]  # as a primary ships it
+            stored = [[RAW_PUT_MANY, "scale", [key], [VALUE]], [RAW_PUT, REQUESTS, request, WRITTEN]]  # as a primary ships it
             t2 = time.perf_counter()
             backups._apply([[pid, 2, seqs[pid], stored]])
             t3 = time.perf_counter()

@@ -54,7 +54,7 @@ def test_a_shipped_batch_is_weighed_by_its_keys_and_values(tmp_path):
     for _ in range(500):
         part.write([(APPEND, "journal", b"writer-0", entry)])
     part.write([(PUT_MANY, "orders", [f"order-{i:06d}".encode() for i in range(100)], [b"x" * 200] * 100)])
-    # its item and the batch's sequence number, with Python's own per op (~180 bytes) and per key or value (~48)
+    # its item (the sequence number is not shipped), with Python's own per op (~180 bytes) and per key or value (~48)
     assert len(entry) < stored_bytes(shipped[-2]) < len(entry) + 500
     assert 100 * (212 + 2 * 48) < stored_bytes(shipped[-1]) < 100 * (212 + 2 * 48) + 1000
     store.close()

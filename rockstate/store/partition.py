@@ -133,8 +133,7 @@ class Partition:
         stored: list = []
         to_batch(self, ops, batch, stored)
         seq = self.seq() + 1
-        stored.append((RAW_PUT, REPLICATION, SEQ_KEY, _SEQ.pack(seq)))
-        batch.put(self.prefix + SEQ_KEY, stored[-1][3], self._handles[REPLICATION])
+        batch.put(self.prefix + SEQ_KEY, _SEQ.pack(seq), self._handles[REPLICATION])  # not shipped: a backup stores its own
 
         def written() -> None:
             self._seq = seq
@@ -156,7 +155,7 @@ class Partition:
             return self._seq
 
     def apply_replicated(self, seq: int, stored: list) -> None:
-        """A backup: its primary's batch ``seq``, as the primary stored it (its sequence number included)."""
+        """A backup: its primary's batch ``seq``, as the primary stored it, and ``seq`` as the last it holds."""
         with self.lock:
             batch = WriteBatch(raw_mode=True)
             self.stage_replicated(seq, stored, batch)
@@ -170,6 +169,7 @@ class Partition:
             if state not in self._families:  # a new state only
                 self.ensure_state(state)
         to_batch(self, stored, batch)
+        batch.put(self.prefix + SEQ_KEY, _SEQ.pack(seq), self.state_kind(REPLICATION)[0])  # a primary ships it not: 1 op of 3 a piece at P=1024
 
     def applied(self, seq: int) -> None:
         self._seq = seq

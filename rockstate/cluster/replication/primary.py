@@ -2,7 +2,8 @@
 
 Every write to a partition this node is primary of goes through
 ``Partition.write``, which stores the batch with its sequence number and hands
-it, as stored, to ``shipped`` under the partition's lock: the batch joins the
+its ops, as stored, to ``shipped`` under the partition's lock (the number goes
+beside them: a backup stores its own): the batch joins the
 partition's log in the order it was applied, whatever made it (a client's
 write or compare-and-set, a staged batch, a commit, a request id, a TTL
 deletion). ``shipped`` wakes the sender of each backup node (``sender.py``),
