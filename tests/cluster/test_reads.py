@@ -41,6 +41,7 @@ def test_a_read_of_many_partitions_answers_in_the_keys_order_in_every_shape(clus
         same_partition = [k for k in strings if rs.partition_of(k) == rs.partition_of(one)]
         assert state.get_many(same_partition) == [written[k] for k in same_partition]
         assert state.get_many([]) == []
+        assert rs.backend.get_many("orders", {3: [], 4: []}) == {3: [], 4: []}  # the backend's dict shape, empty
         assert state.get(one) == written[one]
 
 

@@ -191,6 +191,8 @@ class ClusterBackend:
             return p.Read(epoch=epoch, state=state, pids=[pids[r] for r in runs], counts=[counts[r] for r in runs],
                           keys=keys if at is None else list(map(keys.__getitem__, at)), backup=backup)
 
+        if not keys:
+            return []
         if len(pids) == 1:  # one partition (a one-key get): no grouping by owner
             return self._on_owner(pids[0], lambda channel, epoch: _values(channel.call(read(epoch, [0], None)), len(keys)),
                                   address_of)
