@@ -18,7 +18,7 @@ class ReplicatedWrites:
 
     def __init__(self, db: NodeDB) -> None:
         self._db = db
-        self._batch = WriteBatch(raw_mode=True)
+        self._batch: WriteBatch | None = None  # made by the first add: a message of probes writes nothing
         self._done: dict[int, Callable[[], None]] = {}
 
     def __contains__(self, pid: int) -> bool:
@@ -26,6 +26,8 @@ class ReplicatedWrites:
 
     def add(self, part: Partition, seq: int, stored: list, then: Callable[[int], None]) -> None:
         part.check_open()
+        if self._batch is None:
+            self._batch = WriteBatch(raw_mode=True)
         part.stage_replicated(seq, stored, self._batch)
 
         def done() -> None:
@@ -34,12 +36,12 @@ class ReplicatedWrites:
         self._done[part.pid] = done
 
     def flush(self) -> None:
-        if not self._done:
+        if not self._done or self._batch is None:
             return
         self._db.db.write(self._batch)
         for done in self._done.values():
             done()
-        self._batch, self._done = WriteBatch(raw_mode=True), {}
+        self._batch, self._done = None, {}
 
 
 @contextmanager

@@ -116,7 +116,8 @@ class Backups:
                 parts[pid] = store.partition(pid)
             except RockstateError:  # its copy closed meanwhile (dropped, replaced)
                 status[pid] = Applied.NOT_READY
-        with holding(parts[pid].lock for pid in sorted(parts)):  # in partition order, as a write's: never two waiting for each other
+        written = sorted({item[0] for item in items if item[3] is not None}.intersection(parts))  # a probe takes no lock
+        with holding(parts[pid].lock for pid in written):  # in partition order, as a write's: never two waiting for each other
             writes = ReplicatedWrites(store.db)
             for pid, epoch, seq, stored in items:
                 backup = self._applies.get(pid)

@@ -293,9 +293,10 @@ class Primaries:
     def pending(self, node: str) -> bool:
         return bool(self._dirty.get(node))
 
-    def outgoing(self, node: str, full: bool) -> Outgoing:
+    def outgoing(self, node: str, full: bool, probe_in_sync: bool = True) -> Outgoing:
         """What to send ``node`` next: the batches past its position of the partitions written since its last send;
-        ``full``: of all it backs, with reports of its lags and probes of idle copies, and the logs trimmed."""
+        ``full``: of all it backs, with reports of its lags and probes of idle copies (of in-sync ones only with
+        ``probe_in_sync``), and the logs trimmed."""
         now, size = time.monotonic(), 0
         items: list[list] = []
         carried: dict[int, int] = {}
@@ -329,8 +330,10 @@ class Primaries:
                 size += weight
             else:  # the whole log past its position: applying it, the backup is one request behind at most
                 carried[pid] = entries[-1][0] if entries else start
-            if full and not entries:  # a probe: is its copy open, is it caught up? (an idle in-sync backup's node
-                items.append([pid, acks.epoch, 0, None])  # may have restarted: nothing else would find out)
+            # a probe: is its copy open, is it caught up? A joining copy is found caught up by one, at every look; an
+            # idle in-sync one's node may have restarted (nothing else would find out), looked at less often
+            if full and not entries and (probe_in_sync or node not in acks.in_sync):
+                items.append([pid, acks.epoch, 0, None])
         if full:
             self._trim(pids)
         return Outgoing(items, carried)
