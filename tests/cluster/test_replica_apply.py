@@ -8,6 +8,7 @@ network in between, so a frame can be lost, repeated or overtaken by a partition
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -184,6 +185,63 @@ def test_the_batches_replicas_keep_stay_within_their_bytes_and_a_promoted_copy_r
             primary_store.write(1, [(PUT, "s", b"late%d" % i, value)])
         primaries.outgoing("b", True)
         assert [e[0] for e in primaries._logs[1]][-100:] == list(range(101, 201)) and primaries.kept() > budget
+        primaries.stop()
+
+    try:
+        asyncio.run(run())
+    finally:
+        primary_store.close()
+        backup_store.close()
+
+
+def test_idle_in_sync_copies_are_probed_only_when_asked_joining_ones_at_every_look(tmp_path):
+    """A sender's look over idle partitions probes the joining copies every time (a probe's answer is what finds a
+    copy caught up) and the in-sync ones only with ``probe_in_sync`` (the sender asks once a replica timeout: the
+    probes of every look were a resting node's CPU). A probe-only message takes no partition's lock."""
+    primary_store, backup_store = _stores(tmp_path)
+    reports: list = []
+    primaries = Primaries(lambda: primary_store, lambda *r: reports.append(r), lambda *r: reports.append(r), lambda: 5.0)
+    backups = Backups(lambda: backup_store)
+
+    async def run() -> None:
+        primaries.on_loop()
+        primaries.sender("b")
+        for pid in PIDS:  # 0 and 1 in sync with "b"; 2 and 3 with "b" joining
+            primaries.lead(pid, 1, ("b",), ("b",) if pid < 2 else (), "sync", lambda pid, seq: [])
+            backups.adopt(pid, 1, 0)
+        for pid in PIDS:
+            primaries.copied("b", pid, 0)
+        quiet = primaries.outgoing("b", True, probe_in_sync=False)
+        assert sorted((i[0], i[2], i[3]) for i in quiet.items) == [(2, 0, None), (3, 0, None)]
+        full = primaries.outgoing("b", True)
+        assert sorted(i[0] for i in full.items) == list(PIDS) and all(i[3] is None for i in full.items)
+        held, release = threading.Event(), threading.Event()
+
+        def writer() -> None:  # holds every partition's lock, as a long write would
+            locks = [backup_store.partition(pid).lock for pid in PIDS]
+            for lock in locks:
+                lock.acquire()
+            held.set()
+            release.wait(30)
+            for lock in locks:
+                lock.release()
+
+        holder = threading.Thread(target=writer)
+        holder.start()
+        held.wait(5)
+        answered: list = []
+        probe = threading.Thread(target=lambda: answered.append(
+            backups._apply(p.ReplicaApply.from_wire(p.ReplicaApply(items=full.items).to_wire()).items)))
+        probe.start()
+        probe.join(5)
+        waited = probe.is_alive()
+        release.set()
+        holder.join(5)
+        probe.join(5)
+        assert answered and not waited, "the probes waited for the writer's locks"
+        replies = answered[0]
+        assert sorted(map(tuple, replies)) == [(pid, 0, Applied.OK) for pid in PIDS]
+        primaries.answered("b", replies, full.carried)
         primaries.stop()
 
     try:
