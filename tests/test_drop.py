@@ -221,3 +221,32 @@ def test_an_import_a_crash_cut_short_is_removed_when_the_store_opens(tmp_path):
         assert not os.path.exists(left)
     finally:
         store.close()
+
+
+def test_a_copy_into_a_partition_holding_nothing_here_flushes_no_memtable_and_one_holding_keys_replaces_them(tmp_path):
+    """A new backup's copy (the partition holds nothing on this node) goes in without a range tombstone, so its
+    ingestion leaves the memtable of the other partitions' writes in place; a copy over a partition holding keys
+    drops them first (a key the copy lacks is gone)."""
+    store = Store(str(tmp_path / "s"), StoreConfig(partitions=8))
+    other = Store(str(tmp_path / "o"), StoreConfig(partitions=8))
+    try:
+        for s in (store, other):
+            s.define_state(StateSpec("s", "value"))
+        for pid in (3, 6):
+            other.write(pid, [(PUT, "s", b"order-1", b"copied %d" % pid)])
+        other.db.export({3: other.partition(3).cut()[1]}, str(tmp_path / "new"))
+        other.db.export({6: other.partition(6).cut()[1]}, str(tmp_path / "over"))
+        store.write(6, [(PUT, "s", b"order-0", b"old"), (PUT, "s", b"order-1", b"old")])
+        store.db.flush()
+        store.write(0, [(PUT, "s", b"unflushed", b"x")])  # another partition's write, in the memtable only
+        in_memtable = store.db.families["s"].property_int_value("rocksdb.num-entries-active-mem-table")
+        assert in_memtable == 1
+        store.replace_partitions({3: (str(tmp_path / "new"), 3)})
+        assert store.get_many(3, "s", [b"order-1"]) == [b"copied 3"]
+        assert store.db.families["s"].property_int_value("rocksdb.num-entries-active-mem-table") == in_memtable
+        store.replace_partitions({6: (str(tmp_path / "over"), 6)})
+        assert store.get_many(6, "s", [b"order-0", b"order-1"]) == [None, b"copied 6"]
+        assert store.get_many(0, "s", [b"unflushed"]) == [b"x"]
+    finally:
+        store.close()
+        other.close()

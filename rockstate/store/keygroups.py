@@ -162,8 +162,10 @@ class NodeDB:
             for name in files:
                 self.ensure(name)
             with locked() if locked is not None else nullcontext():
-                if replace:
-                    for pid in copies:
+                # a partition holding nothing here (a new backup's copy: most of a join's or a leave's) gets no range
+                # tombstone: one in a memtable makes the ingestion below flush that memtable first
+                for pid in copies if replace else ():
+                    if not self.empty(pid):
                         self.drop(pid)
                 for name, paths in files.items():  # one ingestion (one memtable flush) per state: their keys are disjoint
                     if paths:
@@ -231,64 +233,71 @@ def is_rocksdb(path: str) -> bool:
 
 def _checked(exports: Mapping[int, str], staging: str, holds: Mapping[str, Iterable[int]] = {}) -> dict[str, list[str]]:
     """Every export's SST files (``exports[pid]``: the export holding partition ``pid``; one may hold several),
-    ingested first into a scratch RocksDB per export and state, which then shows where its keys are: a key of a
-    partition the export was not given for refuses them all (a copy from another node never reaches another
-    partition's keys). Answers {state: its files, in ``staging``}."""
+    ingested first into a scratch RocksDB per export (a column family per state), which then shows where their keys
+    are: a key of a partition the export was not given for refuses them all (a copy from another node never
+    reaches another partition's keys). Answers {state: its files, in ``staging``}. One scratch RocksDB per export,
+    not per state: each is made and synced on disk, and three of them were most of a backup copy's open."""
     by_path: dict[str, list[int]] = {}
     for pid, copy in exports.items():
         by_path.setdefault(copy, []).append(pid)
     files: dict[str, list[str]] = {}
     for n, (copy, pids) in enumerate(by_path.items()):
-        named: set[str] = set()
+        named: dict[str, str] = {}  # state -> its file in the export
         for i, state in enumerate(_states(copy, pids)):
             name = check_name(state, "state", internal=True)
             if name in named:
                 raise ProtocolError(f"the copy of partitions {sorted(pids)[:8]} names state {state!r} twice in {STATES}")
-            named.add(name)
-            checked = _check_file(os.path.join(copy, f"{i:04d}{SST}"), name, set(holds.get(copy, pids)), set(pids),
-                                  os.path.join(staging, f"check.{n}.{i}"))
-            files.setdefault(name, []).extend([checked] if checked else [])
+            named[name] = os.path.join(copy, f"{i:04d}{SST}")
+        if not named:
+            continue
+        scratch = os.path.join(staging, f"check.{n}")
+        opts = Options(raw_mode=True)
+        opts.create_if_missing(True)
+        opts.create_missing_column_families(True)
+        opts.set_disable_auto_compactions(True)
+        db = Rdict(scratch, opts, column_families={name: opts for name in named})
+        try:
+            for name, path in named.items():
+                checked = _check_file(db, name, path, set(holds.get(copy, pids)), set(pids), f"{scratch}.{name}")
+                files.setdefault(name, []).extend([checked] if checked else [])
+        finally:
+            db.close()
     return files
 
 
-def _check_file(path: str, state: str, holds: set[int], wanted: set[int], scratch: str) -> str:
-    """The SST file at ``path`` ingested into a scratch RocksDB at ``scratch``; refused unless every key in it is
+def _check_file(db: Rdict, state: str, path: str, holds: set[int], wanted: set[int], taken: str) -> str:
+    """The SST file at ``path`` ingested into ``db``'s column family ``state``; refused unless every key in it is
     of a partition it ``holds`` (its first and last, and none in a gap between them: a seek each). Answers a file
-    of the ``wanted`` partitions' keys: that one, or, when it holds more, a new one of theirs ("": none)."""
-    opts = Options(raw_mode=True)
-    opts.create_if_missing(True)
-    opts.set_disable_auto_compactions(True)
-    db = Rdict(scratch, opts)
+    of the ``wanted`` partitions' keys: that one, or, when it holds more, a new one of theirs at ``taken`` ("": none)."""
+    family = db.get_column_family(state)
+    before = {f["name"] for f in db.live_files()}
     try:
-        try:
-            db.ingest_external_file([path], _moving())
-            [live] = db.live_files()
-        except Exception as e:  # noqa: BLE001 -- missing, or not an SST file: RocksDB says which
-            raise ProtocolError(f"the copy of partitions {sorted(holds)[:8]}: a file of state {state!r} cannot be "
-                                f"read ({e})") from None
-        first, last = (_pid_of(live[k]) for k in ("start_key", "end_key"))
-        outside = first not in holds or last not in holds
-        gap = None
-        for pid in range(first, last + 1) if not outside else ():
-            if pid not in holds and gap is None:
-                gap = pid
-            elif pid in holds and gap is not None:  # keys in [gap, pid)?
-                found: Any = next(iter(db.keys(from_key=prefix(gap))), None)
-                outside, gap = found is not None and found < prefix(pid), None
-                if outside:
-                    break
-        if outside:
-            raise ProtocolError(f"a copy of partitions {sorted(holds)[:8]} holds keys of another partition "
-                                f"(state {state!r}): refused")
-        if not holds - wanted:
-            return os.path.join(scratch, live["name"].lstrip("/"))
-        reads = [_upto(bounds(pid)[1]) for pid in sorted(wanted)]  # alive while the iterators run
-        keys: Any = chain.from_iterable(db.keys(from_key=prefix(pid), read_opt=r) for pid, r in zip(sorted(wanted), reads))
-        values: Any = chain.from_iterable(db.values(from_key=prefix(pid), read_opt=r) for pid, r in zip(sorted(wanted), reads))
-        taken = f"{scratch}.taken{SST}"
-        return taken if _write_sst(Options(raw_mode=True), taken, keys, values) else ""
-    finally:
-        db.close()
+        family.ingest_external_file([path], _moving())
+        [live] = [f for f in db.live_files() if f["name"] not in before]
+    except Exception as e:  # noqa: BLE001 -- missing, or not an SST file: RocksDB says which
+        raise ProtocolError(f"the copy of partitions {sorted(holds)[:8]}: a file of state {state!r} cannot be "
+                            f"read ({e})") from None
+    first, last = (_pid_of(live[k]) for k in ("start_key", "end_key"))
+    outside = first not in holds or last not in holds
+    gap = None
+    for pid in range(first, last + 1) if not outside else ():
+        if pid not in holds and gap is None:
+            gap = pid
+        elif pid in holds and gap is not None:  # keys in [gap, pid)?
+            found: Any = next(iter(family.keys(from_key=prefix(gap))), None)
+            outside, gap = found is not None and found < prefix(pid), None
+            if outside:
+                break
+    if outside:
+        raise ProtocolError(f"a copy of partitions {sorted(holds)[:8]} holds keys of another partition "
+                            f"(state {state!r}): refused")
+    if not holds - wanted:
+        return os.path.join(db.path(), live["name"].lstrip("/"))
+    reads = [_upto(bounds(pid)[1]) for pid in sorted(wanted)]  # alive while the iterators run
+    keys: Any = chain.from_iterable(family.keys(from_key=prefix(pid), read_opt=r) for pid, r in zip(sorted(wanted), reads))
+    values: Any = chain.from_iterable(family.values(from_key=prefix(pid), read_opt=r) for pid, r in zip(sorted(wanted), reads))
+    taken += SST
+    return taken if _write_sst(Options(raw_mode=True), taken, keys, values) else ""
 
 
 def _pid_of(key: bytes) -> int:
