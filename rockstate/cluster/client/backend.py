@@ -114,15 +114,9 @@ class ClusterBackend:
 
         def attempt() -> dict[int, Any]:
             table = self.table
-            by_owner: dict[str | None, list[int]] = {}
-            for pid in pending:
-                by_owner.setdefault(address_of(table, pid), []).append(pid)
-            last_error: RockstateError | None = None
-            unowned = by_owner.pop(None, [])
-            if unowned:
-                last_error = PartitionUnavailableError(f"partitions {unowned[:5]} have no live owner")
+            by_owner, last_error = _by_owner(table, pending, lambda pid: pid, address_of)
             owners = list(by_owner.items())
-            calls = [(self._channel(cast(str, addr)), make(table.epoch, [[pid, pending[pid]] for pid in pids])) for addr, pids in owners]
+            calls = [(self._channel(addr), make(table.epoch, [[pid, pending[pid]] for pid in pids])) for addr, pids in owners]
             for (addr, pids), answer in zip(owners, self._call_all(calls)):
                 if isinstance(answer, RockstateError):
                     if not answer.retryable:
@@ -202,13 +196,7 @@ class ClusterBackend:
 
         def attempt() -> list:
             table = self.table
-            by_owner: dict[str | None, list[int]] = {}
-            for run in sorted(pending):
-                by_owner.setdefault(address_of(table, pids[run]), []).append(run)
-            last_error: RockstateError | None = None
-            unowned = by_owner.pop(None, [])
-            if unowned:
-                last_error = PartitionUnavailableError(f"partitions {[pids[r] for r in unowned[:5]]} have no live owner")
+            by_owner, last_error = _by_owner(table, sorted(pending), pids.__getitem__, address_of)
             calls, at_of = [], []
             for address, runs in by_owner.items():
                 if len(runs) == len(pids):  # the whole read to one owner (a Spark task's): the keys as they are
@@ -218,7 +206,7 @@ class ClusterBackend:
                     chosen[runs] = True
                     at = np.flatnonzero(chosen[run_of_key]).tolist()
                 at_of.append((runs, at))
-                calls.append((self._channel(cast(str, address)), read(table.epoch, runs, at)))
+                calls.append((self._channel(address), read(table.epoch, runs, at)))
             for (runs, at), answer in zip(at_of, self._call_all(calls)):
                 if isinstance(answer, RockstateError):
                     if not answer.retryable:
@@ -339,6 +327,18 @@ class ClusterBackend:
             for channel in self._channels.values():
                 channel.close()
             self._channels.clear()
+
+
+def _by_owner(table: Table, items: Iterable[int], pid_of: Callable[[int], int],
+              address_of: Callable[[Table, int], str | None]) -> tuple[dict[str, list[int]], RockstateError | None]:
+    """``items`` grouped by the address of their partition's owner (``address_of``), and the error of those whose
+    partition has none (None: all have one)."""
+    by_owner: dict[str | None, list[int]] = {}
+    for item in items:
+        by_owner.setdefault(address_of(table, pid_of(item)), []).append(item)
+    unowned = by_owner.pop(None, [])
+    error = PartitionUnavailableError(f"partitions {[pid_of(i) for i in unowned[:5]]} have no live owner") if unowned else None
+    return cast(dict[str, list[int]], by_owner), error
 
 
 def _values(answer: Any, n: int) -> list:
