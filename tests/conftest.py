@@ -4,7 +4,13 @@
 worker. A long module started last would leave the other worker idle at the end, so the known long
 ones are queued first; every other module keeps its place. The Spark modules stay next to each other
 so a worker starts its Spark session once.
+
+fsspec runs its async filesystems (s3fs) on one event-loop thread per process, started by the first
+one made and never stopped: it is started here, before any test, so that a leak check (``no_leaks``)
+taken before it and checked after a test that made an S3 storage does not count it as that test's.
 """
+
+import fsspec.asyn
 
 LONGEST_FIRST = (
     "tests/test_demo.py",
@@ -24,3 +30,7 @@ def _rank(item) -> int:
 
 def pytest_collection_modifyitems(items):
     items.sort(key=_rank)  # stable: the order within a rank is the collection order
+
+
+def pytest_sessionstart(session):
+    fsspec.asyn.get_loop()

@@ -315,6 +315,11 @@ class Primaries:
                     self._report(pid, node, Report.DIVERGED)  # its copy is not this primary's any more (a restore, an ingest)
             if start is None:
                 continue
+            if self._shipped_to[pid] <= start:  # nothing past its position (most of a full look's partitions)
+                carried[pid] = start
+                if full and (probe_in_sync or node not in acks.in_sync):
+                    items.append([pid, acks.epoch, 0, None])
+                continue
             if size > MAX_ITEMS_BYTES or len(items) >= MAX_ITEMS:
                 self._dirty.setdefault(node, set()).add(pid)  # the rest next time
                 continue
@@ -383,6 +388,8 @@ class Primaries:
         share = None if self._kept_bytes is None else self._kept_bytes // max(1, len(self._acks))
         for pid in pids:
             entries = self._logs[pid]
+            if len(entries) <= TAIL and (share is None or self._log_added[pid] - self._log_trimmed[pid] <= share):
+                continue  # nothing to trim, whatever the backups applied
             known = [self._sent[b, pid] for b in self._backups[pid] if (b, pid) in self._sent]
             floor = min(known, default=self._shipped_to[pid])
             trimmed = self._log_trimmed[pid]
