@@ -87,8 +87,12 @@ class PrimaryAcks:
 
     def sent_through(self, seq: int, now: float) -> None:
         """``send`` of every batch through ``seq`` (the primary's hot path: no ``Batch`` made per write)."""
-        self._sent.extend((s, now) for s in range(self.last_sent + 1, seq + 1))
-        self.last_sent = max(self.last_sent, seq)
+        if seq == self.last_sent + 1:  # one batch, as a write ships it
+            self._sent.append((seq, now))
+            self.last_sent = seq
+        elif seq > self.last_sent:
+            self._sent.extend((s, now) for s in range(self.last_sent + 1, seq + 1))
+            self.last_sent = seq
         if self.replication is Replication.ASYNC:
             self.acked = self.last_sent
         if not (self.in_sync or self.joining):

@@ -275,3 +275,47 @@ def test_a_copy_keeps_a_tail_only_while_its_partition_has_another_backup(tmp_pat
     finally:
         primary_store.close()
         backup_store.close()
+
+
+def test_a_requests_partitions_are_queued_for_their_senders_once_and_a_write_nobody_waits_on_at_the_next_turn(tmp_path):
+    """What a write ships joins the logs at once, and reaches the senders' queues when the request waits for its
+    acknowledgement (one wake per backup node, whatever its number of partitions), or at the loop's next turn
+    when nobody waits (a sweep's write); a sender asking ``outgoing`` meanwhile finds it too."""
+    primary_store, backup_store = _stores(tmp_path)
+    primaries = Primaries(lambda: primary_store, lambda *r: None, lambda *r: None, lambda: 5.0)
+    backups = Backups(lambda: backup_store)
+
+    async def run() -> None:
+        primaries.on_loop()
+        wake = primaries.sender("b")
+        for pid in PIDS:
+            primaries.lead(pid, 1, ("b",), ("b",), "sync", lambda pid, seq: [])
+            backups.adopt(pid, 1, 0)
+        wake.clear()
+        sets: list[int] = []
+        real_set = wake.set
+        wake.set = lambda: (sets.append(1), real_set())  # type: ignore[method-assign]
+        primary_store.write_all([(pid, [(PUT, "s", b"k", b"v")]) for pid in PIDS], b"\0" * 8 + b"r1" * 4)
+        assert not primaries.pending("b") and not wake.is_set() and sets == []  # in the logs, not yet queued
+        waiting = asyncio.ensure_future(primaries.acknowledged(PIDS))
+        await asyncio.sleep(0)
+        assert primaries.pending("b") and wake.is_set() and sets == [1]  # one wake for the request's 4 partitions
+        out = primaries.outgoing("b", False)
+        assert sorted((i[0], i[2]) for i in out.items) == [(pid, 1) for pid in PIDS]
+        primaries.answered("b", backups._apply(out.items), out.carried)
+        await asyncio.wait_for(waiting, 5)
+
+        wake.clear()
+        primary_store.write(2, [(PUT, "s", b"swept", b"v")])  # nobody waits on it
+        assert not wake.is_set()
+        await asyncio.sleep(0)
+        assert wake.is_set() and primaries.pending("b")
+        primary_store.write(3, [(PUT, "s", b"k2", b"v")])
+        assert sorted(i[0] for i in primaries.outgoing("b", False).items) == [2, 3]  # a sender's look queues first
+        primaries.stop()
+
+    try:
+        asyncio.run(run())
+    finally:
+        primary_store.close()
+        backup_store.close()

@@ -98,6 +98,7 @@ class Primaries:
         self._waiters: dict[int, list[tuple[int, _Wait]]] = {}  # pid -> (seq, the request waiting for it)
         self._wake: dict[str, asyncio.Event] = {}  # backup node -> its sender's
         self._dirty: dict[str, set[int]] = {}  # backup node -> partitions with batches for it since its last send
+        self._unqueued: list[int] = []  # partitions shipped on the loop, queued for their senders once per request
         self._loop: asyncio.AbstractEventLoop | None = None  # the node's, where ``shipped`` posts from other threads
         self._loop_thread = 0
 
@@ -217,27 +218,40 @@ class Primaries:
         entries.append((seq, stored, size))
         self._log_added[pid] = self._log_added.get(pid, 0) + size  # get: a step-down may have just dropped it
         self._shipped_to[pid] = seq
+        assert self._loop is not None  # set (on_loop) before any partition gets this shipper
         if threading.get_ident() == self._loop_thread:
-            self._queued(pid)
+            if not self._unqueued:  # queued by the request's ``acknowledged``, or at the loop's next turn (a sweep's)
+                self._loop.call_soon(self._queue)
+            self._unqueued.append(pid)
         else:
-            assert self._loop is not None  # set (on_loop) before any partition gets this shipper
-            self._loop.call_soon_threadsafe(self._queued, pid)
+            self._loop.call_soon_threadsafe(self._queued, [pid])
 
-    def _queued(self, pid: int) -> None:
-        """The log's new batches counted sent, and the senders of the partition's backups woken."""
-        acks = self._acks.get(pid)
-        if acks is None:
-            return
-        acks.sent_through(self._shipped_to[pid], time.monotonic())
-        self._resolve(pid, [])  # async: acknowledged when sent
-        for b in self._backups[pid]:
-            if b in self._wake:
-                self._dirty.setdefault(b, set()).add(pid)
-                self._wake[b].set()
+    def _queue(self) -> None:
+        pids, self._unqueued = self._unqueued, []
+        if pids:
+            self._queued(pids)
+
+    def _queued(self, pids: list[int]) -> None:
+        """The logs' new batches counted sent, and the senders of the partitions' backups woken: once for a
+        request's partitions (per partition it was 3 % of a node's CPU under P=271 puts)."""
+        now, woken = time.monotonic(), set()
+        for pid in pids:
+            acks = self._acks.get(pid)
+            if acks is None:
+                continue
+            acks.sent_through(self._shipped_to[pid], now)
+            self._resolve(pid, [])  # async: acknowledged when sent
+            for b in self._backups[pid]:
+                if b in self._wake:
+                    self._dirty.setdefault(b, set()).add(pid)
+                    woken.add(b)
+        for b in woken:
+            self._wake[b].set()
 
     async def acknowledged(self, pids: Iterable[int]) -> None:
         """Once every backup the primary waits for applied the batches of ``pids`` so far: one wait for the request,
         whatever the number of its partitions (a future and a timer each cost a loop round per partition)."""
+        self._queue()
         wait: _Wait | None = None
         for pid in pids:
             acks = self._acks.get(pid)
@@ -245,7 +259,7 @@ class Primaries:
                 continue
             seq = self._shipped_to[pid]
             if acks.last_sent < seq:  # shipped from another thread, not yet queued on the loop
-                self._queued(pid)
+                self._queued([pid])
             if acks.acked >= seq:
                 continue
             if wait is None:
@@ -297,6 +311,7 @@ class Primaries:
         """What to send ``node`` next: the batches past its position of the partitions written since its last send;
         ``full``: of all it backs, with reports of its lags and probes of idle copies (of in-sync ones only with
         ``probe_in_sync``), and the logs trimmed."""
+        self._queue()
         now, size = time.monotonic(), 0
         items: list[list] = []
         carried: dict[int, int] = {}
