@@ -10,7 +10,6 @@ no rockstate coordinator) ends it at once.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import sys

@@ -8,7 +8,7 @@ import pytest
 
 import rockstate
 from rockstate.checkpoint.restore import load_manifests, load_metadata
-from rockstate.checkpoint.storage import checkpoint_dir, manifest_path, metadata_path
+from rockstate.checkpoint.storage import checkpoint_dir, metadata_path
 from rockstate.errors import (
     CheckpointAbortedError,
     CheckpointNotFoundError,

@@ -3,7 +3,6 @@
 import threading
 import uuid
 
-from rockstate import LocalCluster
 from rockstate.testing.cluster import gen_cluster
 
 

@@ -11,7 +11,6 @@ import subprocess
 import pytest
 
 import rockstate
-from rockstate import LocalCluster
 from rockstate.cli import human, main, parse_size
 from rockstate.cluster.client.backend import CLIENT_SETTINGS
 

@@ -15,7 +15,7 @@ import socket
 import sys
 import uuid
 
-from rockstate import LocalCluster, open as open_store
+from rockstate import open as open_store
 from rockstate.local.cluster import wait_until
 from rockstate.rpc.frames import MAGIC, encode, read_frame_sync
 from rockstate.rpc.messages import Hello, request

@@ -12,7 +12,6 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rockstate import LocalCluster
 from rockstate.local.cluster import wait_until
 from rockstate.testing.cluster import local_cluster
 

@@ -15,7 +15,6 @@ from prometheus_client.exposition import start_http_server
 from prometheus_client import CollectorRegistry
 
 import rockstate
-from rockstate import LocalCluster
 from rockstate.cli import main
 from rockstate.local.cluster import wait_until
 from rockstate.errors import (

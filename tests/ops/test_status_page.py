@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from rockstate import LocalCluster
 from rockstate.keys import partition_of
 from rockstate.local.cluster import wait_until
 

@@ -20,8 +20,7 @@ from rockstate.local.cluster import LocalCluster
 from rockstate.rpc import auth
 from rockstate.rpc.client import Channel
 from rockstate.rpc.frames import MAGIC, encode, read_frame_sync
-from rockstate.rpc.messages import Challenge, Welcome, reply
-from rockstate.rpc.messages import Message
+from rockstate.rpc.messages import Welcome, reply
 
 NODE_SECRET, CLIENT_SECRET, ADMIN_SECRET = "node secret 1", "client secret 1", "admin secret 1"
 CLIENT_NEXT = "client secret 2 (rotation)"

@@ -12,7 +12,7 @@ import os
 import pytest
 
 import rockstate
-from rockstate.checkpoint.manifest import CheckpointMetadata, FileEntry, ManifestRef, PartitionManifest, canonical_json, checksum_bytes
+from rockstate.checkpoint.manifest import FileEntry, canonical_json, checksum_bytes
 from rockstate.checkpoint.restore import load_manifests, load_metadata
 from rockstate.checkpoint.storage import CheckpointStorage, manifest_path, metadata_path
 from rockstate.cluster import protocol as p

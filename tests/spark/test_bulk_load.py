@@ -8,7 +8,7 @@ import pytest
 from pyspark.errors import PythonException
 from pyspark.sql import functions as F
 
-from rockstate import LocalCluster, partition_of
+from rockstate import partition_of
 from rockstate.cluster.client.bulk import write_sst
 from rockstate.errors import InvalidInputError, InvalidKeyError, InvalidValueError, StateKindError, UnknownStateError
 from rockstate.serde import _pack, decode_value

@@ -3,7 +3,6 @@
 import os
 import uuid
 
-from rockstate import LocalCluster
 from rockstate.local.cluster import wait_until
 from rockstate.files import read_json
 from tests.ops.test_status_page import browser, needs_chromium  # noqa: F401 -- the fixture
