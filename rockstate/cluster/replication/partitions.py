@@ -3,8 +3,8 @@
 The path of one replicated write, by module:
 
 1. ``primary.py`` (``Primaries``): ``Partition.write`` hands it each stored batch (``shipped``), under the
-   partition's lock; it joins the partition's log and wakes the senders of its backups. A data handler
-   answers its client once ``acknowledged``.
+   partition's lock; it joins the partition's log, and the request's ``acknowledged`` wakes the senders of
+   its backups. A data handler answers its client once ``acknowledged``.
 2. ``sender.py`` (``Sender``, one per backup node): sends what ``Primaries.outgoing`` gives, one
    ``ReplicaApply`` at a time, and hands the answers to ``Primaries.answered``, which resolves the writes
    waiting.

@@ -6,9 +6,11 @@ its ops, as stored, to ``shipped`` under the partition's lock (the number goes
 beside them: a backup stores its own): the batch joins the
 partition's log in the order it was applied, whatever made it (a client's
 write or compare-and-set, a staged batch, a commit, a request id, a TTL
-deletion). ``shipped`` wakes the sender of each backup node (``sender.py``),
-which asks ``outgoing`` for what the logs hold past the backup's position and
-hands its answers to ``answered``; those feed each partition's ``PrimaryAcks``
+deletion). A request's ``acknowledged`` (or the loop's next turn, for a write
+nobody waits on) queues the partitions shipped for their backups' senders
+(``sender.py``) and wakes each once; a sender asks ``outgoing`` for what the
+logs hold past the backup's position and hands its answers to ``answered``;
+those feed each partition's ``PrimaryAcks``
 (``control/write_acks.py``). A data handler answers its client only once
 ``acknowledged``: every backup the primary waits for applied the partition's
 batches so far (``sync``; ``async`` answers at once). Reads wait the same way,
