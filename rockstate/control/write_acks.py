@@ -131,7 +131,7 @@ class PrimaryAcks:
     def overdue(self, now: float, max_lag: float) -> list[str]:
         sent = self._sent
         if not sent or now - sent[0][1] <= max_lag:  # the oldest batch some backup lacks is recent: none is late
-            return []  # (a sender's look over all its partitions asks each: at P=1024 this was 6 % of a node's puts)
+            return []  # (a sender's look over all its partitions asks each, every 0.1 s while writes flow)
         late = []
         for backup in sorted(self.waits()):
             position = self.position[backup]
