@@ -251,32 +251,6 @@ def test_idle_in_sync_copies_are_probed_only_when_asked_joining_ones_at_every_lo
         backup_store.close()
 
 
-def test_a_copy_keeps_a_tail_only_while_its_partition_has_another_backup(tmp_path):
-    """A tail is what a promoted copy resends to its partition's other backups: a copy that is its partition's
-    only backup keeps none (the table says so through ``configure``), one with a sibling keeps its batches in
-    order, and one that gets a sibling starts keeping from then on."""
-    primary_store, backup_store = _stores(tmp_path)
-    backups = Backups(lambda: backup_store)
-    try:
-        for pid in PIDS:
-            backups.adopt(pid, 1, 0)
-        backups.configure(0, 1, siblings=False)
-        backups.configure(1, 1, siblings=True)
-        for seq in (1, 2, 3):
-            replies = backups._apply([[pid, 1, seq, [_put(b"k%d" % seq)]] for pid in (0, 1)])
-            assert sorted(map(tuple, replies)) == [(0, seq, Applied.OK), (1, seq, Applied.OK)]
-        assert 0 not in backups._tails and [e[0] for e in backups._tails[1]] == [1, 2, 3]
-        assert backup_store.scan(0, "s") == backup_store.scan(1, "s")  # applied alike, kept or not
-        backups.configure(0, 1, siblings=True)  # a second backup was added (a handover's target)
-        backups._apply([[0, 1, 4, [_put(b"k4")]]])
-        assert [e[0] for e in backups.promoted(0, 4)] == [4]
-        backups.configure(1, 2, siblings=False)  # its other backup was dropped: the tail goes
-        assert 1 not in backups._tails and backups.promoted(1, 3) == [] and backups.kept() == 0
-    finally:
-        primary_store.close()
-        backup_store.close()
-
-
 def test_a_requests_partitions_are_queued_for_their_senders_once_and_a_write_nobody_waits_on_at_the_next_turn(tmp_path):
     """What a write ships joins the logs at once, and reaches the senders' queues when the request waits for its
     acknowledgement (one wake per backup node, whatever its number of partitions), or at the loop's next turn

@@ -53,7 +53,6 @@ class Backups:
         self._applies: dict[int, BackupApply] = {}  # partitions this node holds a caught-up backup copy of
         self._tails: dict[int, deque[Kept]] = {}  # pid -> its last batches, at most TAIL
         self._tail_bytes: dict[int, int] = {}
-        self._alone: set[int] = set()  # partitions whose only backup this node is: they keep no tail
 
     def holds(self, pid: int) -> bool:
         """Whether this node holds a backup copy of ``pid`` (it may serve stale reads from it)."""
@@ -63,18 +62,10 @@ class Backups:
         """A copy of ``pid`` at batch ``seq`` is open here (``copies.py``): apply its primary's batches from ``seq + 1``."""
         self._applies[pid] = BackupApply(epoch, seq)
 
-    def configure(self, pid: int, epoch: int, siblings: bool = True) -> None:
-        """The table's replica epoch for ``pid``, and whether it has another backup than this node's copy. Without
-        one, the copy keeps no tail: promoted, it has no backup to resend batches to (a new one copies anew). At
-        P=271 the tails were 7 % of a node's CPU under batch puts with ``backup_count`` 1."""
+    def configure(self, pid: int, epoch: int) -> None:
+        """A newer replica epoch from the table, for a copy held here."""
         if pid in self._applies:
             self._applies[pid].configure(epoch)
-        if siblings:
-            self._alone.discard(pid)
-        else:
-            self._alone.add(pid)
-            self._tails.pop(pid, None)
-            self._tail_bytes.pop(pid, None)
 
     def forget(self, pid: int) -> bool:
         """Stop applying to ``pid``'s copy (dropped, or replaced by a new one); whether one was held."""
@@ -141,8 +132,7 @@ class Backups:
                 try:
                     if backup.check(epoch, seq):
                         writes.add(parts[pid], seq, stored, backup.applied)
-                        if pid not in self._alone:
-                            self._keep(pid, seq, stored)
+                        self._keep(pid, seq, stored)
                     status[pid] = Applied.OK
                 except StaleEpochError:
                     status[pid] = Applied.STALE

@@ -95,7 +95,7 @@ class NodeReplication:
             if self.primaries.serves(pid):
                 self.primaries.step_down(pid)
             if me in backups:
-                self.backups.configure(pid, epoch, len(backups) > 1)
+                self.backups.configure(pid, epoch)
             else:
                 self.drop_backup(pid)
         self._me = me
