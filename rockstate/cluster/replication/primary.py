@@ -332,15 +332,11 @@ class Primaries:
                     self._report(pid, node, Report.DIVERGED)  # its copy is not this primary's any more (a restore, an ingest)
             if start is None:
                 continue
-            if self._shipped_to[pid] <= start:  # nothing past its position (most of a full look's partitions)
-                carried[pid] = start
-                if full and (probe_in_sync or node not in acks.in_sync):
-                    items.append([pid, acks.epoch, 0, None])
-                continue
-            if size > MAX_ITEMS_BYTES or len(items) >= MAX_ITEMS:
+            idle = self._shipped_to[pid] <= start  # nothing past its position (most of a full look's partitions)
+            if not idle and (size > MAX_ITEMS_BYTES or len(items) >= MAX_ITEMS):
                 self._dirty.setdefault(node, set()).add(pid)  # the rest next time
                 continue
-            entries = self._log_after(pid, start)
+            entries = [] if idle else self._log_after(pid, start)
             if entries is None:
                 self._report(pid, node, Report.UNREACHABLE)  # too far behind: it catches up anew
                 continue
