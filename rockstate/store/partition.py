@@ -38,7 +38,7 @@ from .writes import EXPIRY, now_ms, prefix_end, to_batch
 __all__ = ["APPEND", "DELETE", "DELETE_MANY", "DELETE_PREFIX", "DELETE_RANGE", "PUT", "PUT_MANY", "RAW_PUT", "Op",
            "Partition", "now_ms", "prefix_end"]
 
-_SEQ = struct.Struct(">Q")
+SEQ = struct.Struct(">Q")
 REPLICATION, SEQ_KEY = "_replication", b"seq"  # the last replicated batch this copy holds
 
 
@@ -129,19 +129,19 @@ class Partition:
             ops = [*ops, (PUT, requests.REQUESTS, request, requests.WRITTEN)]
         if self.shipper is None:
             to_batch(self, ops, batch)
-            return lambda: self._record(ops)
+            return lambda: self.committed(ops)
         stored: list = []
         to_batch(self, ops, batch, stored)
         seq = self.seq() + 1
-        batch.put(self.prefix + SEQ_KEY, _SEQ.pack(seq), self._handles[REPLICATION])  # not shipped: a backup stores its own
+        batch.put(self.prefix + SEQ_KEY, SEQ.pack(seq), self._handles[REPLICATION])  # not shipped: a backup stores its own
+        return lambda: self.committed(ops, seq, stored)
 
-        def written() -> None:
+    def committed(self, ops: Sequence[Op], seq: int | None = None, stored: list | None = None) -> None:
+        """Staged ``ops`` are written (under the lock): a replicated partition's batch ``seq`` goes to its backups
+        as ``stored``, and a move in progress records the ops."""
+        if seq is not None:
             self._seq = seq
-            self.shipper(self.pid, seq, stored)  # type: ignore[misc]  # set: checked above, under the lock
-            self._record(ops)
-        return written
-
-    def _record(self, ops: Sequence[Op]) -> None:
+            self.shipper(self.pid, seq, stored)  # type: ignore[misc, arg-type]  # a seq is staged (with its stored ops) only while shipped
         if self._recording is not None:
             self._recording.extend(ops)
 
@@ -151,7 +151,7 @@ class Partition:
             if self._seq is None:
                 self.family(REPLICATION)
                 stored = self.raw_get_one(REPLICATION, SEQ_KEY)
-                self._seq = 0 if stored is None else _SEQ.unpack(stored)[0]
+                self._seq = 0 if stored is None else SEQ.unpack(stored)[0]
             return self._seq
 
     def apply_replicated(self, seq: int, stored: list) -> None:
@@ -169,7 +169,7 @@ class Partition:
             if state not in self._families:  # a new state only
                 self.ensure_state(state)
         to_batch(self, stored, batch)
-        batch.put(self.prefix + SEQ_KEY, _SEQ.pack(seq), self.state_kind(REPLICATION)[0])  # a primary ships it not: 1 op of 3 a piece at P=1024
+        batch.put(self.prefix + SEQ_KEY, SEQ.pack(seq), self.state_kind(REPLICATION)[0])  # a primary ships it not: 1 op of 3 a piece at P=1024
 
     def applied(self, seq: int) -> None:
         self._seq = seq

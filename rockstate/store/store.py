@@ -38,6 +38,7 @@ from .catalog import StateSpec, unknown_state
 from .checks import check_compare_and_set, check_ops
 from .keygroups import NodeDB, is_rocksdb
 from .many import holding
+from .puts import stage_puts
 from .partition import Partition
 from .resources import Resources
 from .trash import Trash
@@ -244,20 +245,35 @@ class Store:
         if len(locks) < len(parts) or len(parts) == 1:  # one partition (or one twice: each group its own write)
             return [self._write_one(part, ops, request) for part, (_, ops) in zip(parts, groups)]
         with holding(part.lock for part in locks):  # in partition order: two requests never wait for each other's
-            batch = WriteBatch(raw_mode=True)
-            written = []
-            for part, (pid, ops) in zip(parts, groups):
-                try:
-                    written.append(part.stage(ops, request, batch))
-                except (KeyError, TypeError, ValueError) as e:
-                    raise not_bytes(e, f"ops of partition {pid}")
             for part in locks:
                 part.check_open()
+            batch = WriteBatch(raw_mode=True)
+            try:
+                staged = stage_puts(parts, groups, request, batch)  # a batch put's shape: every piece at once
+            except (KeyError, TypeError, ValueError) as e:
+                raise not_bytes(e, "ops of a PUT_MANY")
+            if staged is None:
+                staged = self._stage_each(parts, groups, request, batch)
+            applied, written = staged
             self.db.db.write(batch)
-            for done in written:
+            written()
+            return applied
+
+    @staticmethod
+    def _stage_each(parts: list[Partition], groups: list, request: bytes | None,
+                    batch: WriteBatch) -> tuple[list[bool], Callable[[], None]]:
+        pieces = []
+        for part, (pid, ops) in zip(parts, groups):
+            try:
+                pieces.append(part.stage(ops, request, batch))
+            except (KeyError, TypeError, ValueError) as e:
+                raise not_bytes(e, f"ops of partition {pid}")
+
+        def written() -> None:
+            for done in pieces:
                 if done is not None:
                     done()
-            return [done is not None for done in written]
+        return [done is not None for done in pieces], written
 
     def _write_one(self, part: Partition, ops: list, request: bytes | None) -> bool:
         try:
