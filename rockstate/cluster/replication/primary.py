@@ -36,6 +36,7 @@ from ...store import Store
 from ...store.partition import REPLICATION, Partition
 from .backup import TAIL, Kept, stored_bytes
 from .outcomes import Applied, Report
+from .waits import Wait
 
 log = logging.getLogger(__name__)
 
@@ -47,31 +48,6 @@ MAX_ITEMS = 2000  # batches per ReplicaApply
 class Outgoing(NamedTuple):
     items: list  # [[pid, replica epoch, seq, stored ops or None (a probe)], ...]
     carried: dict[int, int]  # pid -> the log's end it carries, for the partitions it carries whole
-
-
-class _Wait:
-    """A request waiting until its partitions' batches are applied: done when the last of them is."""
-
-    def __init__(self, done: asyncio.Future) -> None:
-        self.done, self.remaining = done, 0
-
-    def one_acknowledged(self) -> None:
-        self.remaining -= 1
-        if self.remaining == 0 and not self.done.done():
-            self.done.set_result(None)
-
-    def failed(self, error: Exception) -> None:
-        if not self.done.done():
-            self.done.set_exception(error)
-
-    def expire(self) -> None:
-        if not self.done.done():
-            self.done.set_exception(TimeoutError())
-
-    def cancel(self) -> None:
-        """Waited for no more (answered, timed out, cancelled): ``_resolve`` drops its entries."""
-        if not self.done.done():
-            self.done.cancel()
 
 
 def _under_lock(part: Partition, action: Callable[[], None]) -> None:
@@ -97,7 +73,7 @@ class Primaries:
         self._logs: dict[int, deque[Kept]] = {}  # pid -> its batches, oldest first
         self._shipped_to: dict[int, int] = {}  # pid -> the last batch in its log
         self._sent: dict[tuple[str, int], int] = {}  # (backup, pid) -> its position as the primary knows it
-        self._waiters: dict[int, list[tuple[int, _Wait]]] = {}  # pid -> (seq, the request waiting for it)
+        self._waiters: dict[int, list[tuple[int, Wait]]] = {}  # pid -> (seq, the request waiting for it)
         self._wake: dict[str, asyncio.Event] = {}  # backup node -> its sender's
         self._dirty: dict[str, set[int]] = {}  # backup node -> partitions with batches for it since its last send
         self._unqueued: list[int] = []  # partitions shipped on the loop, queued for their senders once per request
@@ -254,7 +230,7 @@ class Primaries:
         """Once every backup the primary waits for applied the batches of ``pids`` so far: one wait for the request,
         whatever the number of its partitions (a future and a timer each cost a loop round per partition)."""
         self._queue()
-        wait: _Wait | None = None
+        wait: Wait | None = None
         for pid in pids:
             acks = self._acks.get(pid)
             if acks is None:
@@ -265,7 +241,7 @@ class Primaries:
             if acks.acked >= seq:
                 continue
             if wait is None:
-                wait = _Wait(asyncio.get_running_loop().create_future())
+                wait = Wait(asyncio.get_running_loop().create_future())
             wait.remaining += 1
             self._waiters.setdefault(pid, []).append((seq, wait))
         if wait is None:
