@@ -2,11 +2,10 @@
 
 A 5,000-key batch at P=1024 reaches a node as ~340 pieces of ~5 keys, each one PUT_MANY. Staged one by one
 (``Partition.stage``: its request id looked up, its ops turned into entries, its sequence number), each piece
-cost ~35 µs of Python on the primary, more than its keys' RocksDB inserts. When every piece is one PUT_MANY
-of a state with neither a TTL nor list values, ``stage_puts`` does the same work for all of them at once: one
-multi-get of the pieces' request ids, and the keys, the request ids and the sequence numbers put in three C
-loops. What each partition ships and records is what ``Partition.stage`` would have made; any other shape
-goes piece by piece.
+cost the primary ~35 µs, most of it Python. When every piece is one PUT_MANY of a state with neither a TTL nor
+list values, ``stage_puts`` does the same work for all of them at once: one multi-get of the pieces' request
+ids, and the keys, the request ids and the sequence numbers put in three C loops. What each partition ships and
+records is what ``Partition.stage`` would have made; any other shape goes piece by piece.
 """
 
 from __future__ import annotations

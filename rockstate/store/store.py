@@ -38,8 +38,8 @@ from .catalog import StateSpec, unknown_state
 from .checks import check_compare_and_set, check_ops
 from .keygroups import NodeDB, is_rocksdb
 from .many import holding
-from .puts import stage_puts
 from .partition import Partition
+from .puts import stage_puts
 from .resources import Resources
 from .trash import Trash
 
