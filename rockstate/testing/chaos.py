@@ -131,12 +131,13 @@ class ChaosRun(Demo):
         backups = "coordinator's default" if a.backup_count is None else a.backup_count
         self.console.print(f"chaos seed {a.seed}: {len(self.schedule)} actions over {a.files} micro-batches; backups per partition: "
                            f"{backups}; checkpoints in {a.storage}, where "
-                           f"{a.error_rate:.1%} of operations fail, {a.latency_rate:.0%} wait up to {a.latency * 1000:.0f} ms")
+                           + (f"each process's first {a.fail_first} content operation(s) fail, then " if a.fail_first else "")
+                           + f"{a.error_rate:.1%} of operations fail, {a.latency_rate:.0%} wait up to {a.latency * 1000:.0f} ms")
         for action in self.schedule:
             self.console.print(f"  after batch {action.after_batch} + {action.delay:.2f}s: {action.kind}"
                                + (f" (down {action.pause:.2f}s)" if action.pause else ""))
         os.environ[ENV] = json.dumps({"seed": a.seed, "error_rate": a.error_rate, "latency_rate": a.latency_rate,
-                                      "latency": a.latency, "log": self.fault_log})
+                                      "latency": a.latency, "log": self.fault_log, "fail_first": a.fail_first})
         try:
             return super().run()
         finally:
@@ -290,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint-every", type=int, default=2,
                         help="with backups, a checkpoint after every this many micro-batches (default 2; without backups: every one)")
     parser.add_argument("--error-rate", type=float, default=0.005, help="share of storage operations that fail (default 0.005)")
+    parser.add_argument("--fail-first", type=int, default=0,
+                        help="storage operations each process fails first, whatever --error-rate: a short run meets one for certain (default 0)")
     parser.add_argument("--latency-rate", type=float, default=0.1, help="share of storage operations slowed down (default 0.1)")
     parser.add_argument("--latency", type=float, default=0.05, help="longest injected storage latency, seconds (default 0.05)")
     parser.add_argument("--storage", choices=["file", "s3"], default="file", help="checkpoints in a directory, or in S3 (moto's server)")

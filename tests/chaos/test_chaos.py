@@ -13,10 +13,10 @@ from rockstate.testing.faults import FaultPlan, read_log
 
 @pytest.mark.timeout(900)  # the run's own timeout: a loaded machine takes several times its ~2 minutes
 def test_the_pipeline_gives_the_exact_answer_through_kills_membership_changes_and_storage_faults(capsys):
-    # twice the default error rate: a short run then meets a storage error with near certainty (a checkpoint
-    # is one RocksDB checkpoint per node: ~600 storage operations in this run, ~6 errors expected);
+    # each process's first storage operation fails, then twice the default error rate: a checkpoint is one RocksDB
+    # checkpoint per node, ~250 storage operations in this run, ~2.5 errors expected, none in about one run of 12;
     # with the default backup: the killed node's partitions are promoted, and the pipeline checkpoints every 2 batches
-    result = subprocess.run([sys.executable, "-m", "rockstate.testing.chaos", "--seed", "15", "--error-rate", "0.01"],
+    result = subprocess.run([sys.executable, "-m", "rockstate.testing.chaos", "--seed", "15", "--error-rate", "0.01", "--fail-first", "1"],
                             capture_output=True, text=True, timeout=900)
     out = result.stdout
     with capsys.disabled():  # what was injected and verified belongs in the test log
@@ -70,3 +70,17 @@ def test_fault_settings_are_checked():
         FaultPlan(error_rate=2)
     with pytest.raises(ValueError, match="latency must be >= 0"):
         FaultPlan(latency=-1)
+    with pytest.raises(ValueError, match="fail_first must be >= 0"):
+        FaultPlan(fail_first=-1)
+
+
+def test_fail_first_fails_a_process_s_first_operations_whatever_the_rate(tmp_path):
+    storage = CheckpointStorage(f"faulty::file://{tmp_path}/chk")
+    storage.fs.plan = FaultPlan(fail_first=2, log=str(tmp_path / "faults.jsonl"))
+    for _ in range(2):
+        with pytest.raises(CheckpointStorageError) as caught:
+            storage.write_bytes("a/one", b"x")
+        assert caught.value.retryable
+    storage.write_bytes("a/one", b"x")  # then none: the error rate is 0
+    assert storage.read_bytes("a/one") == b"x"
+    assert [f["kind"] for f in read_log(str(tmp_path / "faults.jsonl"))] == ["error", "error"]
