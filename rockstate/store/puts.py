@@ -54,11 +54,11 @@ def stage_puts(parts: Sequence[Partition], groups: Sequence, request: bytes | No
     if seqs:
         each(batch.put, [part.prefix + SEQ_KEY for part in seqs], map(SEQ.pack, seqs.values()),
              repeat(parts[0].state_kind(REPLICATION)[0]))
-    added = [] if request is None else [(PUT, requests.REQUESTS, request, requests.WRITTEN)]
-    shipped_added = [(RAW_PUT, op[1], op[2], op[3]) for op in added]
+    recorded = [] if request is None else [(PUT, requests.REQUESTS, request, requests.WRITTEN)]  # as a move replays it
+    shipped = [] if request is None else [(RAW_PUT, requests.REQUESTS, request, requests.WRITTEN)]  # as a backup stores it
 
     def written() -> None:
         for part, (_, ops) in zip(parts, groups):
             _, state, piece_keys, piece_values = ops[0]
-            part.committed([*ops, *added], seqs.get(part), [(RAW_PUT_MANY, state, piece_keys, piece_values), *shipped_added])
+            part.committed([*ops, *recorded], seqs.get(part), [(RAW_PUT_MANY, state, piece_keys, piece_values), *shipped])
     return fresh, written
