@@ -15,7 +15,7 @@ import pytest
 from rockstate.cluster import protocol as p
 from rockstate.cluster.protocol.node import MAX_REPLICA_ITEMS
 from rockstate.cluster.replication.backup import Backups
-from rockstate.cluster.replication.outcomes import Applied
+from rockstate.cluster.replication.outcomes import Applied, Report
 from rockstate.cluster.replication.primary import Primaries
 from rockstate.config import StoreConfig
 from rockstate.errors import ProtocolError
@@ -286,6 +286,81 @@ def test_a_requests_partitions_are_queued_for_their_senders_once_and_a_write_nob
         assert wake.is_set() and primaries.pending("b")
         primary_store.write(3, [(PUT, "s", b"k2", b"v")])
         assert sorted(i[0] for i in primaries.outgoing("b", False).items) == [2, 3]  # a sender's look queues first
+        primaries.stop()
+
+    try:
+        asyncio.run(run())
+    finally:
+        primary_store.close()
+        backup_store.close()
+
+
+def test_a_copy_with_no_other_backup_keeps_no_tail_and_one_that_loses_its_peer_drops_it_whole(tmp_path):
+    """A backup keeps its applied batches only for a promotion to resend to another backup: with one backup (the
+    default) no tail is kept and a promotion starts its log empty; a copy whose partition loses its other backup
+    drops its tail whole, so a later tail never has a hole."""
+    primary_store, backup_store = _stores(tmp_path)
+    others = {0: False, 1: True, 2: True, 3: True}  # does the partition have another backup
+    primaries = Primaries(lambda: primary_store, lambda *r: None, lambda *r: None, lambda: 5.0)
+    backups = Backups(lambda: backup_store, tailed=lambda pid: others[pid])
+
+    async def run() -> None:
+        primaries.on_loop()
+        primaries.sender("b")
+        for pid in PIDS:
+            primaries.lead(pid, 1, ("b",), ("b",), "sync", lambda pid, seq: [])
+            backups.adopt(pid, 1, 0)
+
+        def write(n: int) -> None:
+            for i in range(n):
+                for pid in PIDS:
+                    primary_store.write(pid, [(PUT, "s", b"k%d" % i, b"v")])
+                out = primaries.outgoing("b", False)
+                primaries.answered("b", backups._apply(out.items), out.carried)
+
+        write(5)
+        assert 0 not in backups._tails and [e[0] for e in backups._tails[1]] == [1, 2, 3, 4, 5]
+        others[2] = False  # partition 2's other backup left: its tail goes whole
+        write(1)
+        assert 2 not in backups._tails and [e[0] for e in backups._tails[3]] == [1, 2, 3, 4, 5, 6]
+        others[2] = True  # and came back: a tail again, from the next batch on, without a hole
+        write(2)
+        assert [e[0] for e in backups._tails[2]] == [7, 8]
+        assert backups.promoted(0, 8) == [] and [e[0] for e in backups.promoted(2, 8)] == [7, 8]
+        assert backup_store.partition(0).seq() == 8 and len(backup_store.scan(0, "s")) == 5
+        primaries.stop()
+
+    try:
+        asyncio.run(run())
+    finally:
+        primary_store.close()
+        backup_store.close()
+
+
+def test_a_backup_behind_a_primary_whose_log_is_empty_is_reported_at_once(tmp_path):
+    """A promoted copy without a tail (or a new primary) has an empty log: a backup it counts in sync that answers
+    from behind cannot be brought up from it, and is reported unreachable at the next look (it catches up anew),
+    rather than left waited for until the replica timeout."""
+    primary_store, backup_store = _stores(tmp_path)
+    reports: list = []
+    primaries = Primaries(lambda: primary_store, lambda *r: reports.append(r), lambda *r: reports.append(r), lambda: 5.0)
+    backups = Backups(lambda: backup_store)
+
+    async def run() -> None:
+        primaries.on_loop()
+        primaries.sender("b")
+        primaries.lead(0, 1, ("b",), ("b",), "sync", lambda pid, seq: [])
+        for _ in range(3):
+            primary_store.write(0, [(PUT, "s", b"k", b"v")])  # batches "b" never gets
+        primaries.step_down(0)  # and leads again, as a promoted copy without a tail would: its log starts empty
+        primaries.lead(0, 2, ("b",), ("b",), "sync", lambda pid, seq: [])
+        backups.adopt(0, 2, 0)
+        probe = primaries.outgoing("b", True)
+        assert [(i[0], i[3]) for i in probe.items] == [(0, None)]
+        primaries.answered("b", backups._apply(probe.items), probe.carried)  # at 0, behind the primary's 3
+        assert reports == []
+        primaries.outgoing("b", False)
+        assert reports == [(0, "b", Report.UNREACHABLE)]
         primaries.stop()
 
     try:

@@ -358,8 +358,11 @@ class Primaries:
             self._wake[node].set()  # more queued meanwhile
 
     def _log_after(self, pid: int, seq: int) -> list[Kept] | None:
+        """The log's batches after ``seq``; None when it lacks the first of them (the backup catches up anew)."""
         entries = self._logs[pid]
-        if not entries or entries[-1][0] <= seq:
+        if not entries:  # a promoted copy with no tail, or a new primary, and a backup behind it
+            return [] if seq >= self._shipped_to[pid] else None
+        if entries[-1][0] <= seq:
             return []
         if entries[0][0] > seq + 1:
             return None
