@@ -295,48 +295,6 @@ def test_a_requests_partitions_are_queued_for_their_senders_once_and_a_write_nob
         backup_store.close()
 
 
-def test_a_copy_with_no_other_backup_keeps_no_tail_and_one_that_loses_its_peer_drops_it_whole(tmp_path):
-    """A backup keeps its applied batches only for a promotion to resend to another backup: with one backup (the
-    default) no tail is kept and a promotion starts its log empty; a copy whose partition loses its other backup
-    drops its tail whole, so a later tail never has a hole."""
-    primary_store, backup_store = _stores(tmp_path)
-    others = {0: False, 1: True, 2: True, 3: True}  # does the partition have another backup
-    primaries = Primaries(lambda: primary_store, lambda *r: None, lambda *r: None, lambda: 5.0)
-    backups = Backups(lambda: backup_store, tailed=lambda pid: others[pid])
-
-    async def run() -> None:
-        primaries.on_loop()
-        primaries.sender("b")
-        for pid in PIDS:
-            primaries.lead(pid, 1, ("b",), ("b",), "sync", lambda pid, seq: [])
-            backups.adopt(pid, 1, 0)
-
-        def write(n: int) -> None:
-            for i in range(n):
-                for pid in PIDS:
-                    primary_store.write(pid, [(PUT, "s", b"k%d" % i, b"v")])
-                out = primaries.outgoing("b", False)
-                primaries.answered("b", backups._apply(out.items), out.carried)
-
-        write(5)
-        assert 0 not in backups._tails and [e[0] for e in backups._tails[1]] == [1, 2, 3, 4, 5]
-        others[2] = False  # partition 2's other backup left: its tail goes whole
-        write(1)
-        assert 2 not in backups._tails and [e[0] for e in backups._tails[3]] == [1, 2, 3, 4, 5, 6]
-        others[2] = True  # and came back: a tail again, from the next batch on, without a hole
-        write(2)
-        assert [e[0] for e in backups._tails[2]] == [7, 8]
-        assert backups.promoted(0, 8) == [] and [e[0] for e in backups.promoted(2, 8)] == [7, 8]
-        assert backup_store.partition(0).seq() == 8 and len(backup_store.scan(0, "s")) == 5
-        primaries.stop()
-
-    try:
-        asyncio.run(run())
-    finally:
-        primary_store.close()
-        backup_store.close()
-
-
 def test_a_backup_behind_a_primary_whose_log_is_empty_is_reported_at_once(tmp_path):
     """A promoted copy without a tail (or a new primary) has an empty log: a backup it counts in sync that answers
     from behind cannot be brought up from it, and is reported unreachable at the next look (it catches up anew),

@@ -46,13 +46,10 @@ def stored_bytes(stored: list) -> int:
 
 
 class Backups:
-    def __init__(self, store_of: Callable[[], Store], kept_bytes: int | None = None,
-                 tailed: Callable[[int], bool] = lambda pid: True) -> None:
+    def __init__(self, store_of: Callable[[], Store], kept_bytes: int | None = None) -> None:
         """``kept_bytes``: what the tails may weigh in all (``stored_bytes``; None: TAIL batches each, whatever
-        they weigh), shared evenly by the copies held; ``tailed(pid)``: whether ``pid`` has another backup, which
-        this copy, promoted, would resend its tail to. With one backup (the default ``backup_count``) nobody would:
-        no tail is kept (keeping it was a tenth of a backup's CPU a batch at P=1024)."""
-        self._store_of, self._kept_bytes, self._tailed = store_of, kept_bytes, tailed
+        they weigh), shared evenly by the copies held."""
+        self._store_of, self._kept_bytes = store_of, kept_bytes
         self._applies: dict[int, BackupApply] = {}  # partitions this node holds a caught-up backup copy of
         self._tails: dict[int, deque[Kept]] = {}  # pid -> its last batches, at most TAIL
         self._tail_bytes: dict[int, int] = {}
@@ -72,12 +69,9 @@ class Backups:
 
     def forget(self, pid: int) -> bool:
         """Stop applying to ``pid``'s copy (dropped, or replaced by a new one); whether one was held."""
-        self._untail(pid)
-        return self._applies.pop(pid, None) is not None
-
-    def _untail(self, pid: int) -> None:
         self._tails.pop(pid, None)
         self._tail_bytes.pop(pid, None)
+        return self._applies.pop(pid, None) is not None
 
     def promoted(self, pid: int, seq: int) -> list[Kept]:
         """This node is ``pid``'s primary now, its copy at batch ``seq``: the copy's tail through ``seq`` (none if it
@@ -138,10 +132,7 @@ class Backups:
                 try:
                     if backup.check(epoch, seq):
                         writes.add(parts[pid], seq, stored, backup.applied)
-                        if self._tailed(pid):
-                            self._keep(pid, seq, stored)
-                        elif pid in self._tails:  # a tail with a gap would resend a history with a hole
-                            self._untail(pid)
+                        self._keep(pid, seq, stored)
                     status[pid] = Applied.OK
                 except StaleEpochError:
                     status[pid] = Applied.STALE

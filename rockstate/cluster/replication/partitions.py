@@ -58,7 +58,7 @@ class NodeReplication:
         reports = Reports(report, self._replica_epoch, self.timeout)
         half = None if kept_bytes is None else kept_bytes // 2
         self.primaries = Primaries(store_of, reports.report, reports.again, self.timeout, half)
-        self.backups = Backups(store_of, half, lambda pid: len(self.table.backups_of(pid)) > 1)
+        self.backups = Backups(store_of, half)
         self.copies = ReplicaCopies(store_of, node_id, peer, owns, retired, self._replica_epoch, self.primaries, self.backups)
         self._senders: dict[str, tuple[Sender, asyncio.Task]] = {}
         self._me: str | None = None  # this node's id when the last table was applied
