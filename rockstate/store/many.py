@@ -8,8 +8,10 @@ from typing import Any, Callable, Iterable, Iterator
 
 from rocksdict import WriteBatch
 
+from ..errors import ProtocolError
 from .keygroups import NodeDB
 from .partition import Partition
+from .writes import each
 
 
 class ReplicatedWrites:
@@ -20,6 +22,7 @@ class ReplicatedWrites:
         self._db = db
         self._batch: WriteBatch | None = None  # made by the first add: a message of probes writes nothing
         self._done: dict[int, Callable[[], None]] = {}
+        self._puts: tuple[list, list, list] = ([], [], [])  # batches of puts only: their keys, values, handles
 
     def __contains__(self, pid: int) -> bool:
         return pid in self._done
@@ -28,7 +31,8 @@ class ReplicatedWrites:
         part.check_open()
         if self._batch is None:
             self._batch = WriteBatch(raw_mode=True)
-        part.stage_replicated(seq, stored, self._batch)
+        if not part.stage_replicated_puts(seq, stored, *self._puts):
+            part.stage_replicated(seq, stored, self._batch)
 
         def done() -> None:
             part.applied(seq)
@@ -38,10 +42,16 @@ class ReplicatedWrites:
     def flush(self) -> None:
         if not self._done or self._batch is None:
             return
+        keys, values, handles = self._puts
+        if keys:
+            try:
+                each(self._batch.put, keys, values, handles)
+            except (TypeError, ValueError) as e:  # a value that is not bytes: nothing of the batch is written
+                raise ProtocolError(f"a replicated batch holds a value that is not bytes: {e}") from None
         self._db.db.write(self._batch)
         for done in self._done.values():
             done()
-        self._batch, self._done = None, {}
+        self._batch, self._done, self._puts = None, {}, ([], [], [])
 
 
 @contextmanager

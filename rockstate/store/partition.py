@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import struct
 import threading
-from itertools import islice
+from itertools import islice, repeat
 from typing import Any, Callable, Iterator, Sequence
 
 from rocksdict import Rdict, ReadOptions, WriteBatch
 
 from ..errors import PartitionUnavailableError
-from ..ops import APPEND, DELETE, DELETE_MANY, DELETE_PREFIX, DELETE_RANGE, PUT, PUT_MANY, RAW_PUT, Op
+from ..ops import APPEND, DELETE, DELETE_MANY, DELETE_PREFIX, DELETE_RANGE, PUT, PUT_MANY, RAW_PUT, RAW_PUT_MANY, Op
 from . import requests
 from .catalog import RESERVED_PREFIX, StateSpec, unknown_state
 from .keygroups import NodeDB, bounds
@@ -170,6 +170,36 @@ class Partition:
                 self.ensure_state(state)
         to_batch(self, stored, batch)
         batch.put(self.prefix + SEQ_KEY, SEQ.pack(seq), self.state_kind(REPLICATION)[0])  # a primary ships it not: 1 op of 3 a piece at P=1024
+
+    def stage_replicated_puts(self, seq: int, stored: list, keys: list, values: list, handles: list) -> bool:
+        """``stage_replicated`` of a batch of puts only (a batch put's piece: RAW_PUT_MANY and its request id's
+        RAW_PUT) as entries appended to ``keys``, ``values`` and ``handles``, which the caller puts in one C loop for
+        all its pieces (piece by piece, ``to_batch`` was ~30 % of a backup's Python at P=1024); False, nothing
+        appended, for any other batch, or one of a state not yet known here."""
+        kinds = self._kinds
+        for op in stored:
+            code = op[0]
+            if not (code == RAW_PUT or (code == RAW_PUT_MANY and len(op[2]) == len(op[3]))) or op[1] not in kinds:
+                return False
+        p, start = self.prefix, len(keys)
+        try:
+            for code, state, key, value in stored:
+                handle = kinds[state][0]
+                if code == RAW_PUT_MANY:
+                    keys += [p + k for k in key]
+                    values += value
+                    handles += repeat(handle, len(key))
+                else:
+                    keys.append(p + key)
+                    values.append(value)
+                    handles.append(handle)
+        except TypeError:  # a key that is not bytes: none of this batch's entries stay
+            del keys[start:], values[start:], handles[start:]
+            raise
+        keys.append(p + SEQ_KEY)
+        values.append(SEQ.pack(seq))
+        handles.append(self.state_kind(REPLICATION)[0])
+        return True
 
     def applied(self, seq: int) -> None:
         self._seq = seq

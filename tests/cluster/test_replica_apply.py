@@ -19,7 +19,7 @@ from rockstate.cluster.replication.outcomes import Applied, Report
 from rockstate.cluster.replication.primary import Primaries
 from rockstate.config import StoreConfig
 from rockstate.errors import ProtocolError
-from rockstate.ops import PUT, RAW_PUT
+from rockstate.ops import DELETE_MANY, PUT, RAW_PUT, RAW_PUT_MANY
 from rockstate.store import StateSpec, Store
 
 PIDS = (0, 1, 2, 3)
@@ -41,6 +41,9 @@ def _put(key: bytes) -> list:
     [[0, 1, 1, [[RAW_PUT, 5, b"k", b"v"]]]],  # a state that is no str
     [[0, 1, 1, [[RAW_PUT, "s", 5, b"v"]]]],
     [[0, 1, 1, [[RAW_PUT, "s", b"k"]]]],
+    [[0, 1, 1, [[RAW_PUT_MANY, "s", [b"a", b"b"], [b"v"]]]]],  # keys and values that would pair off wrong
+    [[0, 1, 1, [[RAW_PUT_MANY, "s", b"ab", [b"v", b"w"]]]]],
+    [[0, 1, 1, [[DELETE_MANY, "s", b"ab", None]]]],
     "not a list",
 ])
 def test_a_malformed_message_is_refused_whole(items):
@@ -53,6 +56,28 @@ def test_a_message_is_bounded():
         p.ReplicaApply.from_wire({"op": "replica_apply", "items": [[0, 1, 0, None]] * (MAX_REPLICA_ITEMS + 1)})
     p.ReplicaApply.from_wire({"op": "replica_apply", "items": [[pid, 1, 1, [_put(b"k")]] for pid in range(100)]
                               + [[0, 1, 2, None], [0, 1, 2, [_put(b"j")]]]})
+
+
+@pytest.mark.parametrize("bad", [
+    [RAW_PUT, "s", b"k", None],  # a value that is not bytes
+    [RAW_PUT_MANY, "s", [b"k", b"j"], [b"v", 5]],
+    [RAW_PUT_MANY, "s", [b"k", "j"], [b"v", b"w"]],  # a key that is not bytes
+])
+def test_a_batch_put_that_cannot_be_stored_fails_its_message_and_writes_nothing_of_it(tmp_path, bad):
+    """Batches of puts only are staged together (``Partition.stage_replicated_puts``): one bad item, found as the
+    entries are made or written, leaves every partition of the message as it was, positions included."""
+    _, backup_store = _stores(tmp_path)
+    backups = Backups(lambda: backup_store)
+    for pid in PIDS:
+        backups.adopt(pid, 1, 0)
+    good = [[pid, 1, 1, [[RAW_PUT_MANY, "s", [b"a", b"b"], [b"1", b"2"]], _put(b"k")]] for pid in PIDS[:3]]
+    items = p.ReplicaApply.from_wire({"op": "replica_apply", "items": [*good, [3, 1, 1, [_put(b"x"), bad]]]}).items
+    with pytest.raises(ProtocolError):
+        backups._apply(items)
+    assert backups._apply([[pid, 1, 0, None] for pid in PIDS]) == [[pid, 0, Applied.OK] for pid in PIDS]
+    assert all(backup_store.get_many(pid, "s", [b"a", b"k", b"x"]) == [None] * 3 for pid in PIDS)
+    assert sorted(map(tuple, backups._apply(good))) == [(pid, 1, Applied.OK) for pid in PIDS[:3]]
+    assert [backup_store.get_many(pid, "s", [b"a", b"b", b"k"]) for pid in PIDS[:3]] == [[b"1", b"2", b"v"]] * 3
 
 
 def _stores(tmp_path) -> tuple[Store, Store]:

@@ -9,6 +9,7 @@ from .base import I64, U32, Message, Ranged
 
 MAX_REPLICA_ITEMS = 10_000  # batches in one ReplicaApply (a primary sends at most 2,000; its frame is bounded too)
 _KEYS, _VALUES = (bytes, list, tuple), (bytes, list, tuple, type(None))  # a key or a list; a value, a list or none (a delete)
+_MANY = frozenset((PUT_MANY, RAW_PUT_MANY, DELETE_MANY))
 STORED_CODES = frozenset((PUT, DELETE, APPEND, PUT_MANY, DELETE_MANY, RAW_PUT, DELETE_RANGE, RAW_PUT_MANY))
 
 # -- served by a node: asked by the coordinator -----------------------------------
@@ -205,6 +206,10 @@ class ReplicaApply(Message):
                             or type(op[1]) is not str or type(op[2]) not in _KEYS or type(op[3]) not in _VALUES:
                         raise ProtocolError(f"a stored op of partition {pid}'s batch {seq} is [code, state, key, value], "
                                             f"not {op!r:.100}", op=self.op, field="items")
+                    if op[0] in _MANY and (type(op[2]) is bytes or (op[0] != DELETE_MANY and (
+                            type(op[3]) not in (list, tuple) or len(op[3]) != len(op[2])))):  # else a put's keys and values pair off wrong
+                        raise ProtocolError(f"a stored op of partition {pid}'s batch {seq} puts or deletes many keys: a "
+                                            "list of keys (and of as many values)", op=self.op, field="items")
 
 
 class ReplicaCopy(Ranged, Message):
