@@ -133,29 +133,67 @@ def micros_since_epoch(value: dt.datetime) -> int:
 # -- encoding ----------------------------------------------------------------------
 
 
+def _ext(code: int, data: bytes) -> msgpack.ExtType:
+    """``msgpack.ExtType(code, data)`` without its constructor's checks of what is here always an int and bytes:
+    they were a fifth of encoding a batch of values with a Decimal and a date each."""
+    return _new_tuple(msgpack.ExtType, (code, data))
+
+
+_new_tuple = tuple.__new__
+
+
+def _date_ext(value: dt.date, packb: Callable[[Any], bytes]) -> msgpack.ExtType:
+    return _ext(DATE, _I.pack((value - EPOCH_DATE).days))
+
+
+def _datetime_ext(value: dt.datetime, packb: Callable[[Any], bytes]) -> msgpack.ExtType:
+    return _ext(DATETIME, _QH.pack(micros_since_epoch(value), _nanos(value)) + _zone_name(value.tzinfo, value))
+
+
+def _decimal_ext(value: Decimal, packb: Callable[[Any], bytes]) -> msgpack.ExtType:
+    return _ext(DECIMAL, str(value).encode("ascii"))
+
+
+def _uuid_ext(value: uuid.UUID, packb: Callable[[Any], bytes]) -> msgpack.ExtType:
+    return _ext(UUID, value.bytes)
+
+
+def _tuple_ext(value: tuple, packb: Callable[[Any], bytes]) -> msgpack.ExtType:
+    return _ext(TUPLE, packb(list(value)))
+
+
+# the types values mostly hold, by exact type: no look for a numpy or Arrow scalar first (a subclass, a pandas
+# Timestamp among them, takes the long way)
+_EXACT: dict[type, Callable[[Any, Callable[[Any], bytes]], msgpack.ExtType]] = {
+    dt.date: _date_ext, dt.datetime: _datetime_ext, Decimal: _decimal_ext, uuid.UUID: _uuid_ext, tuple: _tuple_ext}
+
+
 def to_ext(value: Any, packb: Callable[[Any], bytes]) -> msgpack.ExtType | Any:
     """The ext form of ``value``, or a plain msgpack form of it; raise TypeError if there is none.
 
     ``packb`` packs a tuple's items (with this same hook).
     """
+    exact = _EXACT.get(type(value))
+    if exact is not None:
+        return exact(value, packb)
     value = pythonic(value)
     if isinstance(value, dt.datetime):  # before date: a datetime is a date
         if value != value:  # pandas NaT
             return None
-        return msgpack.ExtType(DATETIME, _QH.pack(micros_since_epoch(value), _nanos(value)) + _zone_name(value.tzinfo, value))
+        return _datetime_ext(value, packb)
     if isinstance(value, dt.date):
-        return msgpack.ExtType(DATE, _I.pack((value - EPOCH_DATE).days))
+        return _date_ext(value, packb)
     if isinstance(value, dt.time):
         us = ((value.hour * 60 + value.minute) * 60 + value.second) * 1_000_000 + value.microsecond
-        return msgpack.ExtType(TIME, _Q.pack(us) + _zone_name(value.tzinfo, value))
+        return _ext(TIME, _Q.pack(us) + _zone_name(value.tzinfo, value))
     if isinstance(value, dt.timedelta):
-        return msgpack.ExtType(TIMEDELTA, _QQH.pack(value.days, value.seconds * 1_000_000 + value.microseconds, _nanos(value)))
+        return _ext(TIMEDELTA, _QQH.pack(value.days, value.seconds * 1_000_000 + value.microseconds, _nanos(value)))
     if isinstance(value, Decimal):
-        return msgpack.ExtType(DECIMAL, str(value).encode("ascii"))
+        return _decimal_ext(value, packb)
     if isinstance(value, uuid.UUID):
-        return msgpack.ExtType(UUID, value.bytes)
+        return _uuid_ext(value, packb)
     if isinstance(value, tuple):
-        return msgpack.ExtType(TUPLE, packb(list(value)))
+        return _tuple_ext(value, packb)
     for cls in type(value).__mro__:
         if cls in _user_encoders:
             code, encode = _user_encoders[cls]
