@@ -1,5 +1,6 @@
 """Keys and values as pipelines have them: every type and input shape, embedded and on a real cluster."""
 
+import collections
 import datetime as dt
 import uuid
 import zoneinfo
@@ -15,7 +16,7 @@ import rockstate
 from rockstate.local.cluster import LocalCluster
 from rockstate.errors import ConfigError, InvalidInputError, InvalidKeyError, InvalidValueError, SizeLimitError
 from rockstate.keys import partition_of, partitions_of
-from rockstate.serde import decode_key, decode_value, decode_values, encode_key
+from rockstate.serde import decode_key, decode_value, decode_values, encode_key, encode_value
 
 PARIS = zoneinfo.ZoneInfo("Europe/Paris")
 UTC = dt.timezone.utc
@@ -315,3 +316,45 @@ def test_size_limit_names_the_item(tmp_path):
             s.put_many(["a", "b"], [b"x", b"x" * 198])
         with pytest.raises(SizeLimitError, match="key at index 1: key of"):
             s.put_many(["a", "b" * 100], [1, 2])
+
+
+
+class _Date(dt.date):
+    pass
+
+
+class _DateTime(dt.datetime):
+    pass
+
+
+class _Decimal(Decimal):
+    pass
+
+
+class _UUID(uuid.UUID):
+    pass
+
+
+_Row = collections.namedtuple("_Row", "a b c d")
+_ROW = (1, "a", Decimal("2.5"), dt.date(2026, 1, 1))
+_PARIS, _MINUS_3_30 = zoneinfo.ZoneInfo("Europe/Paris"), dt.timezone(dt.timedelta(hours=-3, minutes=-30))
+
+
+@pytest.mark.parametrize("value, subclassed", [
+    (dt.date(2026, 11, 28), _Date(2026, 11, 28)),
+    (dt.date(1, 1, 1), _Date(1, 1, 1)),
+    (dt.datetime(2026, 11, 28, 1, 2, 3, 456789), _DateTime(2026, 11, 28, 1, 2, 3, 456789)),
+    (dt.datetime(2026, 11, 28, 1, 2, 3, tzinfo=_PARIS), _DateTime(2026, 11, 28, 1, 2, 3, tzinfo=_PARIS)),
+    (dt.datetime(2026, 11, 28, tzinfo=_MINUS_3_30), _DateTime(2026, 11, 28, tzinfo=_MINUS_3_30)),
+    (Decimal("-12345.678900"), _Decimal("-12345.678900")),
+    (Decimal("NaN"), _Decimal("NaN")),
+    (uuid.UUID(int=7), _UUID(int=7)),
+    (_ROW, _Row(*_ROW)),
+])
+def test_the_common_types_encode_as_their_subclasses_do(value, subclassed):
+    """Values of the common types are encoded by their exact type, before the general look (``codecs.EXACT_EXT``):
+    the bytes are the general path's, which their subclasses take, so what was written before reads the same."""
+    encoded = encode_value(value)
+    assert encoded == encode_value(subclassed)
+    assert encode_value(decode_value(encoded)) == encoded  # NaN is not equal to itself: compared as encoded
+    assert type(decode_value(encoded)) is type(value)
