@@ -352,7 +352,7 @@ _PARIS, _MINUS_3_30 = zoneinfo.ZoneInfo("Europe/Paris"), dt.timezone(dt.timedelt
     (_ROW, _Row(*_ROW)),
 ])
 def test_the_common_types_encode_as_their_subclasses_do(value, subclassed):
-    """Values of the common types are encoded by their exact type, before the general look (``codecs.EXACT_EXT``):
+    """Values of the common types are encoded by their exact type, before the general look (``codecs._EXACT``):
     the bytes are the general path's, which their subclasses take, so what was written before reads the same."""
     encoded = encode_value(value)
     assert encoded == encode_value(subclassed)
