@@ -179,7 +179,7 @@ class Partition:
         kinds = self._kinds
         for op in stored:
             code = op[0]
-            if not (code == RAW_PUT or (code == RAW_PUT_MANY and len(op[2]) == len(op[3]))) or op[1] not in kinds:
+            if (code != RAW_PUT and code != RAW_PUT_MANY) or op[1] not in kinds:  # lengths: ReplicaApply.received
                 return False
         p, start = self.prefix, len(keys)
         try:
