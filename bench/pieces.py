@@ -17,6 +17,11 @@ Medians over BATCHES batches, ms a batch, and what the batch costs per piece; ra
 here is Python and RocksDB entries per piece, not bytes: the cluster's put at P=1024 cannot be cheaper than this
 (the nodes' processes, the network and the client come on top).
 
+The floor under it (``_rocksdb``): the same batches' entries written by RocksDB alone, one WriteBatch into a
+primary's DB and one into a backup's, with each piece's request id and sequence number and without them. What
+the records cost RocksDB grows with the pieces, so no per-partition path, however little Python it ran, could keep
+P=1024's keys/s closer to P=16's than that column's ratio.
+
 Then a single put's two stores (item 2's p50): the primary's ``write_groups`` of one key and the backup's apply of
 it, in a loop (warm), and with CACHE_BYTES of memory touched before each (cold: what the other processes on these
 cores do between two of a node's requests, a client's, the other nodes'). A replicated single put runs the path
@@ -39,6 +44,7 @@ import time
 
 import msgpack
 import numpy as np
+from rocksdict import Rdict, WriteBatch
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -50,8 +56,10 @@ from rockstate.cluster.replication.backup import Backups  # noqa: E402
 from rockstate.cluster.replication.primary import Primaries  # noqa: E402
 from rockstate.config import StoreConfig  # noqa: E402
 from rockstate.ops import PUT_MANY, RAW_PUT, RAW_PUT_MANY  # noqa: E402
-from rockstate.store import StateSpec, Store  # noqa: E402
+from rockstate.store import StateSpec, Store, keygroups  # noqa: E402
+from rockstate.store.partition import REPLICATION, SEQ, SEQ_KEY  # noqa: E402
 from rockstate.store.requests import REQUESTS, WRITTEN  # noqa: E402
+from rockstate.store.resources import Resources  # noqa: E402
 
 CACHE_BYTES = 64 << 20  # more than the machine's caches
 SINGLES = 400
@@ -121,6 +129,49 @@ async def _run(partitions: int, root: str) -> dict[str, float]:
         backup.close()
 
 
+def _rocksdb(partitions: int, root: str) -> tuple[float, float]:
+    """The floor under ``_run``: one node's share of each batch written by RocksDB alone, as one WriteBatch into a
+    primary's and a backup's DB (the nodes' options, a column family per state), ms a batch (medians): with what
+    the per-partition design adds to every piece (its request id, and its sequence number) and without."""
+    mine = -(-partitions // NODES)
+    families = ("scale", REQUESTS, REPLICATION)
+    dbs = []
+    for name in ("primary", "backup"):  # each its own memory, as each node's store has (``NodeDB``)
+        resources = Resources(StoreConfig(partitions=partitions).memory_bytes)
+        resources.memtables(len(families) + 1)
+        dbs.append(Rdict(os.path.join(root, f"raw-{name}"), resources.options(),
+                         column_families={f: resources.options() for f in families}))
+    try:
+        handles = [[db.get_column_family_handle(f) for f in families] for db in dbs]
+        keys = [key_of("uuid", i).encode() for i in range(KEYS * (BATCHES + 3))]
+        times: dict[bool, list[float]] = {True: [], False: []}
+        for b in range(BATCHES + 3):
+            groups: dict[int, list[bytes]] = {}
+            for k in keys[b * KEYS:(b + 1) * KEYS]:
+                groups.setdefault(hash(k) % mine, []).append(k)
+            request = os.urandom(16)
+            for records in (b % 2 == 0, b % 2 == 1):  # interleaved: the DBs grow alike under both
+                seconds = 0.0
+                for db, (data, ids, seqs) in zip(dbs, handles):
+                    batch = WriteBatch(raw_mode=True)
+                    for pid, ks in groups.items():
+                        prefix = keygroups.prefix(pid)
+                        for k in ks:
+                            batch.put(prefix + k, VALUE, data)
+                        if records:
+                            batch.put(prefix + request, WRITTEN, ids)
+                            batch.put(prefix + SEQ_KEY, SEQ.pack(b + 1), seqs)
+                    t0 = time.perf_counter()
+                    db.write(batch)
+                    seconds += time.perf_counter() - t0
+                if b >= 3:
+                    times[records].append(seconds)
+        return statistics.median(times[True]) * 1e3, statistics.median(times[False]) * 1e3
+    finally:
+        for db in dbs:
+            db.close()
+
+
 def _single(root: str) -> dict[str, tuple[float, float]]:
     """P=16: (warm, cold) p50 µs of one key's write on a primary and its apply on a backup."""
     primary, backup = _store(root, "primary1", 16, 16), _store(root, "backup1", 16, 16)
@@ -166,6 +217,7 @@ def main() -> None:
     root = tempfile.mkdtemp(prefix="rockstate-bench-pieces-")
     try:
         rows = [(P, asyncio.run(_run(P, os.path.join(root, str(P))))) for P in ps]
+        floors = [(P, _rocksdb(P, os.path.join(root, f"raw{P}"))) for P in ps]
         single = _single(os.path.join(root, "single"))
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -178,6 +230,15 @@ def main() -> None:
     print_table(f"one node's share of a 5,000-key batch ({KEYS:,} UUID keys, 100-byte values) on the replicated write "
                 "path in one process, ms a batch (medians); ratio of keys/s to the first P",
                 ["P", "pieces", *(f"{s} ms" for s in STAGES), "all ms", "us a piece", "keys/s", "x"], out)
+    (_, (base_with, base_without)), out = floors[0], []
+    for (P, m), (_, (with_records, without)) in zip(rows, floors):
+        total = sum(m[s] for s in STAGES) * 1e3
+        out.append([P, with_records, base_with / with_records, without, base_without / without, total,
+                    with_records / total])
+    print_table("the floor: the same batches' entries written by RocksDB alone into a primary's and a backup's DB, ms a "
+                "batch (medians), with each piece's request id and sequence number and without; x: keys/s against the "
+                "first P; the share of the whole path above that is RocksDB's",
+                ["P", "with records ms", "x", "without ms", "x", "path ms", "RocksDB share"], out)
     print_table(f"a single put's two stores, P=16, p50 µs: in a loop, and with {CACHE_BYTES >> 20} MB touched before each "
                 "(as other processes do between a node's requests)",
                 ["stage", "warm us", "cold us", "x"], [[s, w, c, c / w] for s, (w, c) in single.items()])
