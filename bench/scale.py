@@ -14,7 +14,10 @@ string keys with 100-byte values, written and read in batches of 5,000:
 - at rest, after the start-up: the coordinator's CPU seconds per second over ``REST`` seconds, and the table it
   publishes, bytes as sent (msgpack);
 - loop lag: the worst event-loop lag (``rockstate_*_loop_lag_max_seconds``) of the coordinator and of any node
-  still alive at the end, seconds (a node stops serving when its loop stalls for half its lease).
+  still alive at the end, seconds (a node stops serving when its loop stalls for half its lease); beside it the
+  longest garbage-collector pause of those processes (``*_gc_pause_max_seconds``), and the worst lag of an idle
+  loop in a process of its own meanwhile (``testing.idle_loop``): what the machine alone cost a loop, which on
+  this shared machine stalls every process at once now and then.
 
 Each with its ratio to the smallest configuration (goal, issue 33: throughput >= 0.8x, times <= 2x).
 The floor: embedded (``rockstate.open``, one process, no network, no backups) put/get of the same
@@ -48,6 +51,7 @@ import rockstate  # noqa: E402
 from rockstate.errors import RockstateError  # noqa: E402
 from rockstate.files import read_json  # noqa: E402
 from rockstate.local.cluster import LocalCluster  # noqa: E402
+from rockstate.testing.idle_loop import IdleLoop  # noqa: E402
 
 BATCH = 5000
 VALUE = os.urandom(100)
@@ -76,13 +80,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def worst_loop_lag(c: LocalCluster) -> float:
-    """The worst event-loop lag of the coordinator (its /metrics) and of the live nodes (their figures in the status)."""
+def worst_loop_lag(c: LocalCluster) -> tuple[float, float]:
+    """The worst event-loop lag and the longest garbage-collector pause of the coordinator (its /metrics) and of the
+    live nodes (their figures in the status)."""
     text = urllib.request.urlopen(c.status_url + "metrics", timeout=30).read().decode()
-    lags = [float(line.split()[-1]) for line in text.splitlines() if line.startswith("rockstate_coordinator_loop_lag_max_seconds ")]
+    worst = {name: [float(line.split()[-1]) for line in text.splitlines() if line.startswith(f"rockstate_coordinator_{name} ")]
+             for name in ("loop_lag_max_seconds", "gc_pause_max_seconds")}
     doc = json.loads(urllib.request.urlopen(c.status_url + "api/status", timeout=60).read())
-    lags += [(n.get("figures") or {}).get("loop_lag_max_seconds") or 0.0 for n in doc["nodes"] if n["status"] == "alive"]
-    return max(lags)
+    for name, values in worst.items():
+        values += [(n.get("figures") or {}).get(name) or 0.0 for n in doc["nodes"] if n["status"] == "alive"]
+    return max(worst["loop_lag_max_seconds"]), max(worst["gc_pause_max_seconds"])
 
 
 def embedded(root: str, partitions: int, keys: list) -> tuple[float, float]:
@@ -109,7 +116,14 @@ class PatientCluster(LocalCluster):
 
 
 def cluster_run(root: str, partitions: int, nodes: int, keys: list, leave: bool = False) -> dict:
-    """One configuration's row: every measure, seconds or keys/s."""
+    """One configuration's row: every measure, seconds or keys/s, and the worst lag of an idle loop meanwhile."""
+    with IdleLoop() as idle:
+        row = _cluster_row(root, partitions, nodes, keys, leave)
+    row["idle loop lag s"] = idle.worst
+    return row
+
+
+def _cluster_row(root: str, partitions: int, nodes: int, keys: list, leave: bool) -> dict:
     row: dict = {}
     path = os.path.join(root, f"p{partitions}-n{nodes}")
     c = PatientCluster(nodes=nodes, partitions=partitions, root=path, heartbeat_timeout=HEARTBEAT,
@@ -158,7 +172,7 @@ def cluster_run(root: str, partitions: int, nodes: int, keys: list, leave: bool 
                 c.wait_replicated(600)
                 row["leave->balanced s"] = time.perf_counter() - start
             assert all(v == VALUE for v in state.get_many(keys[:BATCH]))
-            row["loop lag s"] = worst_loop_lag(c)
+            row["loop lag s"], row["GC pause s"] = worst_loop_lag(c)
     except (RockstateError, AssertionError) as e:
         traceback.print_exc()
         row["failed"] = f"{type(e).__name__}: {str(e)[:200]}"
@@ -169,7 +183,7 @@ def cluster_run(root: str, partitions: int, nodes: int, keys: list, leave: bool 
 
 
 COLUMNS = ["start-up s", "put keys/s", "get keys/s", "checkpoint s", "kill->served s", "join->balanced s"]
-AT_REST = ["coord CPU s/s", "table bytes", "loop lag s"]
+AT_REST = ["coord CPU s/s", "table bytes", "loop lag s", "GC pause s", "idle loop lag s"]
 
 
 def _table(title: str, label: str, rows: list[tuple[object, dict]], columns: list[str]) -> None:
@@ -212,7 +226,7 @@ def main() -> None:
         if rows:
             _table(f"3 nodes, backup_count=1: each measure and its ratio to P={ps[0]} (goal: keys/s >= 0.8x, seconds <= 2x)",
                    "P", rows, COLUMNS)
-            _table(f"3 nodes: the coordinator at rest and the worst event-loop lag (ratio to P={ps[0]})", "P", rows, AT_REST)
+            _table(f"3 nodes: the coordinator at rest, the worst event-loop lag and GC pause, an idle loop's lag meanwhile (ratio to P={ps[0]})", "P", rows, AT_REST)
         if floor:
             _table(f"the floor: embedded rockstate.open, one process, same keys and batches (ratio to P={ps[0]})",
                    "P", floor, ["put keys/s", "get keys/s"])
@@ -227,7 +241,7 @@ def main() -> None:
                 node_rows.append((n, row))
             _table("P=1024, backup_count=1: by node count (ratio to the fewest)", "nodes", node_rows,
                    COLUMNS + ["leave->balanced s"])
-            _table("P=1024: the coordinator at rest and the worst event-loop lag, by node count", "nodes", node_rows, AT_REST)
+            _table("P=1024: the coordinator at rest, the worst event-loop lag and GC pause, an idle loop's lag meanwhile, by node count", "nodes", node_rows, AT_REST)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

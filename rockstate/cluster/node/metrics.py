@@ -177,7 +177,7 @@ class NodeMetrics:
         return {"rss_bytes": rss_bytes(), "memory_limit_bytes": c.memory_bytes, "rocksdb": await asyncio.to_thread(rocksdb_figures, c.store_of()),
                 "disk": await asyncio.to_thread(disk_figures, c.data_dir),
                 "loop_lag_max_seconds": self.loop_lag.worst,
-                "gc_seconds": self.loop_lag.gc_total, "load": self.requests.load()}
+                "gc_seconds": self.loop_lag.gc_total, "gc_pause_max_seconds": self.loop_lag.worst_gc, "load": self.requests.load()}
 
     async def identity(self, msg: p.NodeIdentity, conn: object) -> str | None:
         return self._node_id()
