@@ -206,15 +206,17 @@ class _Backups:
 
 def handover_adds(replicas: Replicas, pid: int, source: str, target: str, in_sync: set[str],
                   statuses: Mapping[str, MemberStatus], backup_count: int, zones: Mapping[str, str] | None = None,
-                  wanted: Callable[[], Sequence[str]] | None = None) -> list[str]:
+                  wanted: Callable[[], Sequence[str]] | None = None,
+                  held: Callable[[], Mapping[str, int]] | None = None) -> list[str]:
     """``wanted()``: the replicas a plan gives the partition (default: a ``plan`` of ``replicas`` now, O(P): a caller
-    handing over many partitions at once passes one plan's answer for all of them)."""
+    handing over many partitions at once passes one plan's answer for all of them); ``held()``: how many replicas
+    each node holds, the tie-break among the free nodes (default: counted from ``replicas``, O(P), as ``wanted``)."""
     current = set(replicas[pid])
     adds = [] if target in current else [target]
     need = backup_count + 1 - len((set(in_sync) | {target}) - {source})
     if need <= 0:
         return adds
-    load = Counter(n for r in replicas for n in r)
+    load = held() if held is not None else Counter(n for r in replicas for n in r)
     free = [n for n, s in sorted(statuses.items()) if s is MemberStatus.ALIVE and n not in current and n not in adds]
     planned = wanted() if wanted is not None else plan(replicas, statuses, backup_count, zones).target[pid]
     free.sort(key=lambda n: (n not in planned, load[n], n))

@@ -253,6 +253,12 @@ def test_a_handover_to_its_own_backup_first_adds_one_so_the_old_primarys_departu
     assert handover_adds(replicas, 0, "node-1", "node-2", {"node-1"}, statuses, 1) == ["node-3"]  # node-2 out of sync
     two = {"node-1": LEAVING, "node-2": ALIVE}
     assert handover_adds([["node-1", "node-2"]], 0, "node-1", "node-2", {"node-1", "node-2"}, two, 1) == []  # none left
+    # a round of handovers passes one count of the replicas each node holds; the tie-break follows it, not the table
+    held = {"node-1": 1, "node-2": 1, "node-3": 5, "node-4": 2}
+    assert handover_adds(replicas, 0, "node-1", "node-2", {"node-1", "node-2"}, statuses, 1, wanted=lambda: ["node-2", "node-1"],
+                         held=lambda: held) == ["node-4"]  # neither free node planned: the fewer held
+    assert handover_adds(replicas, 0, "node-1", "node-2", {"node-1", "node-2"}, statuses, 1, wanted=lambda: ["node-2", "node-3"],
+                         held=lambda: held) == ["node-3"]  # the plan's first
 
 
 def test_a_handovers_replicas_are_not_dropped_until_it_ends():

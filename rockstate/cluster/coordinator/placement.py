@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Coroutine
+from typing import Any, Awaitable, Callable, Coroutine, Mapping
 
 from ...config import CoordinatorConfig
 from ...control import placement
@@ -273,18 +273,22 @@ class Placement:
         await self._flush(mine, include_leaving)
         await self.replicas.carry_out(catch_ups)
 
-    async def publish_owners(self, owners: list[str | None]) -> None:
-        """The table with these primaries (the replica control's promotions and handovers), a leaving node told too.
+    async def publish_owners(self, owners: Mapping[int, str | None]) -> None:
+        """The table with these primaries (partition -> primary: the replica control's promotions and handovers), a
+        leaving node told too.
 
         The table is rebuilt from the replica sets once for every change that arrived while the previous table was
         being sent (``_flush``): O(P) per batch, not per report or promotion."""
         table = self.state.table
-        if owners != list(table.owners):
+        changed = [pid for pid, owner in owners.items() if owner != table.owners[pid]]
+        if changed:
             # new primaries are the coordinator's at once (a table built meanwhile must not undo them), with their
             # partitions' replica sets; the rest is rebuilt once per group commit below. Decorating the whole table
             # per promotion was half the coordinator's CPU in a P=1024 join (256 handovers).
-            changed = [pid for pid, (new, old) in enumerate(zip(owners, table.owners)) if new != old]
-            self.state.table = self.replicas.patched(table.with_owners(owners, self.state.membership.addresses()), changed)
+            primaries = list(table.owners)
+            for pid in changed:
+                primaries[pid] = owners[pid]
+            self.state.table = self.replicas.patched(table.with_owners(primaries, self.state.membership.addresses()), changed)
         sent = self._sent
         sent.requested += 1
         sent.rebuild = True
