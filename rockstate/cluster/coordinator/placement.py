@@ -29,7 +29,7 @@ from ...config import CoordinatorConfig
 from ...control import placement
 from ...control.membership import MemberStatus
 from ...control.migration import Migration
-from ...errors import RockstateError
+from ...errors import ProtocolError, RockstateError
 from ...retry import Retry
 from ...rpc.messages import Message
 from .. import protocol as p
@@ -55,6 +55,8 @@ class _Sent:
     saved: int = 0  # the requests the latest saved table holds
     sent: int = 0  # the requests the latest table sent to the nodes holds
     saved_table: Table | None = None
+    table: Table | None = None  # the latest table sent, and the epoch each node answered it with
+    epochs: dict[str, int] = field(default_factory=dict)
     leaving: bool = False  # a request not sent yet wants a leaving node told
     rebuild: bool = False  # the replica sets changed since the table was decorated: rebuilt before the next send
     sending: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -320,11 +322,34 @@ class Placement:
             sent.leaving = False
             try:
                 if saved is not None:
-                    await self.broadcast(p.ApplyTable(table=saved.to_wire()), leaving)
+                    await self._send_table(saved, leaving)
             except BaseException:
                 sent.leaving |= leaving
                 raise
             sent.sent = max(sent.sent, upto)
+
+    async def _send_table(self, table: Table, include_leaving: bool) -> None:
+        """``table`` to the nodes: as a delta to each that answered the last one sent (its rows that changed: a few
+        of P, where the whole table costs every node a decoding and a comparison of P rows, and the coordinator an
+        encoding per node), whole to the others and to any that did not take the delta (a node of an earlier
+        version, or one that got a table some other way)."""
+        sent = self._sent
+        base, known = sent.table, sent.epochs
+        delta = table.delta_from(base) if base is not None else None
+        members = self._members(include_leaving)
+        told = [m for m in members if delta is not None and known.get(m.node_id) == base.epoch]  # type: ignore[union-attr]
+        answers = await self.peers.broadcast(told, p.ApplyTable(delta=delta)) if told else []
+        refused = {peer.node_id for peer, epoch in answers  # another base (an int), or no delta field (an error)
+                   if (type(epoch) is int and epoch < table.epoch) or isinstance(epoch, ProtocolError)}
+        rest = [m for m in members if m not in told or m.node_id in refused]
+        if rest:
+            answers = [a for a in answers if a[0].node_id not in refused]
+            answers += await self.peers.broadcast(rest, p.ApplyTable(table=table.to_wire()))
+        sent.table, sent.epochs = table, {peer.node_id: epoch for peer, epoch in answers if type(epoch) is int}
+
+    def _members(self, include_leaving: bool) -> list:
+        wanted = (MemberStatus.ALIVE, MemberStatus.LEAVING) if include_leaving else (MemberStatus.ALIVE,)
+        return [m for m in self.state.membership.members.values() if m.status in wanted]
 
     def _rebuild(self) -> None:
         """The table with the replica sets as they are now (a new epoch), its primaries theirs."""
@@ -334,5 +359,4 @@ class Placement:
             self._spawn(self.replicas.carry_out(list(catch_ups)))
 
     async def broadcast(self, msg: Message, include_leaving: bool = False) -> list[tuple[Peer, Any]]:
-        wanted = (MemberStatus.ALIVE, MemberStatus.LEAVING) if include_leaving else (MemberStatus.ALIVE,)
-        return await self.peers.broadcast([m for m in self.state.membership.members.values() if m.status in wanted], msg)
+        return await self.peers.broadcast(self._members(include_leaving), msg)

@@ -301,7 +301,9 @@ class Node:
     # -- the table -----------------------------------------------------------
 
     async def apply_table(self, msg: p.ApplyTable, conn: Connection) -> int:
-        await self._apply(Table.from_wire(msg.table))
+        table = Table.from_wire(msg.table) if msg.table is not None else self.table.patched(msg.delta)
+        if table is not None:  # None: a delta on another table than this node's (the whole one follows)
+            await self._apply(table)
         return self.table.epoch
 
     async def _apply(self, table: Table) -> None:

@@ -47,10 +47,24 @@ class NodeDefineState(Message):
 
 
 class ApplyTable(Message):
-    """The current table: the node opens partitions it now owns and drops those it no longer does."""
+    """The current table: the node opens partitions it now owns and drops those it no longer does. Either the whole
+    ``table`` or, to a node holding the one before, its ``delta`` (``Table.delta_from``); answers the node's epoch
+    after it (a delta on another base leaves it where it was: the whole table follows)."""
 
     op = "apply_table"
-    table: dict
+    table: dict | None = None
+    delta: dict | None = None
+
+    def to_wire(self) -> dict:  # a node of an earlier version knows no delta field: the whole table goes without it
+        wire = super().to_wire()
+        for name in ("table", "delta"):
+            if wire[name] is None:
+                del wire[name]
+        return wire
+
+    def received(self) -> None:
+        if (self.table is None) == (self.delta is None):
+            raise ProtocolError("apply_table carries a table or a delta")
 
 
 class SetCheckpoints(Message):
