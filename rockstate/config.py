@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 from typing import Any, ClassVar, Literal, TypeVar
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 
@@ -109,6 +108,8 @@ def load(model: type[M], path: str | None = None, **overrides: Any) -> M:
 
 
 def _read_yaml(path: str) -> dict[str, Any]:
+    import yaml  # here: only a config file needs it, and every process started pays an import at the top (~30 ms)
+
     try:
         with open(path) as f:
             data = yaml.safe_load(f)
