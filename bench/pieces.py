@@ -104,14 +104,14 @@ async def _run(partitions: int, root: str) -> dict[str, float]:
             waiting = asyncio.ensure_future(primaries.acknowledged([pid for pid, _ in pieces]))
             await asyncio.sleep(0)
             t2 = time.perf_counter()
-            items, carried = primaries.outgoing("B", False)
+            items, carried, runs = primaries.outgoing("B", False)
             t3 = time.perf_counter()
-            wire = msgpack.unpackb(msgpack.packb(p.ReplicaApply(items=items).to_wire(), use_bin_type=True), raw=False,
-                                   strict_map_key=False)
+            wire = msgpack.unpackb(msgpack.packb(p.ReplicaApply(items=items, runs=runs or None).to_wire(), use_bin_type=True),
+                                   raw=False, strict_map_key=False)
             t4 = time.perf_counter()
             message = p.ReplicaApply.from_wire(wire)
             t5 = time.perf_counter()
-            replies = backups._apply(message.items)
+            replies = backups._apply(message.items, message.runs or [])
             t6 = time.perf_counter()
             replies = msgpack.unpackb(msgpack.packb(replies, use_bin_type=True), raw=False)
             t7 = time.perf_counter()

@@ -4,13 +4,15 @@ of many partitions gathered into one RocksDB WriteBatch (``ReplicatedWrites``)."
 from __future__ import annotations
 
 from contextlib import contextmanager
+from itertools import chain, repeat
 from typing import Any, Callable, Iterable, Iterator
 
 from rocksdict import WriteBatch
 
 from ..errors import ProtocolError
 from .keygroups import NodeDB
-from .partition import Partition
+from .partition import REPLICATION, SEQ, SEQ_KEY, Partition
+from .requests import REQUESTS, WRITTEN
 from .writes import each
 
 
@@ -21,11 +23,14 @@ class ReplicatedWrites:
     def __init__(self, db: NodeDB) -> None:
         self._db = db
         self._batch: WriteBatch | None = None  # made by the first add: a message of probes writes nothing
-        self._done: dict[int, Callable[[], None]] = {}
+        self._done: dict[int, tuple[Partition, int, Callable[[int], None]]] = {}  # pid -> (its copy, its batch, then)
         self._puts: tuple[list, list, list] = ([], [], [])  # batches of puts only: their keys, values, handles
 
     def __contains__(self, pid: int) -> bool:
         return pid in self._done
+
+    def holds_any(self, pids: Iterable[int]) -> bool:
+        return not self._done.keys().isdisjoint(pids)
 
     def add(self, part: Partition, seq: int, stored: list, then: Callable[[int], None]) -> None:
         part.check_open()
@@ -33,11 +38,31 @@ class ReplicatedWrites:
             self._batch = WriteBatch(raw_mode=True)
         if not part.stage_replicated_puts(seq, stored, *self._puts):
             part.stage_replicated(seq, stored, self._batch)
+        self._done[part.pid] = (part, seq, then)
 
-        def done() -> None:
-            part.applied(seq)
-            then(seq)
-        self._done[part.pid] = done
+    def add_puts(self, parts: list[Partition], seqs: list[int], thens: list[Callable[[int], None]], handle: Any,
+                 counts: list[int], keys: list, values: list, request: bytes | None) -> None:
+        """A run of batch puts' pieces (``ReplicaApply.runs``): partition ``parts[i]``'s batch ``seqs[i]`` put
+        ``counts[i]`` of ``keys`` and ``values``, in order, into the state of ``handle``, with ``request``'s id;
+        staged in C loops for all of them. A key that is not bytes stages none of them."""
+        for part in parts:
+            part.check_open()
+        if self._batch is None:
+            self._batch = WriteBatch(raw_mode=True)
+        prefixes = [part.prefix for part in parts]
+        staged_keys, staged_values, handles = self._puts
+        staged_keys += map(bytes.__add__, chain.from_iterable(map(repeat, prefixes, counts)), keys)  # TypeError: not bytes
+        staged_values += values
+        handles += repeat(handle, len(keys))
+        kinds = parts[0].state_kind
+        if request is not None:
+            staged_keys += [prefix + request for prefix in prefixes]
+            staged_values += repeat(WRITTEN, len(parts))
+            handles += repeat(kinds(REQUESTS)[0], len(parts))
+        staged_keys += [prefix + SEQ_KEY for prefix in prefixes]
+        staged_values += map(SEQ.pack, seqs)
+        handles += repeat(kinds(REPLICATION)[0], len(parts))
+        self._done.update(zip([part.pid for part in parts], zip(parts, seqs, thens)))
 
     def flush(self) -> None:
         if not self._done or self._batch is None:
@@ -49,8 +74,9 @@ class ReplicatedWrites:
             except (TypeError, ValueError) as e:  # a value that is not bytes: nothing of the batch is written
                 raise ProtocolError(f"a replicated batch holds a value that is not bytes: {e}") from None
         self._db.db.write(self._batch)
-        for done in self._done.values():
-            done()
+        for part, seq, then in self._done.values():
+            part.applied(seq)
+            then(seq)
         self._batch, self._done, self._puts = None, {}, ([], [], [])
 
 

@@ -1,5 +1,5 @@
-"""A client workload for the history checker: threads doing random single-key reads, writes and compare-and-sets
-on a few keys of a cluster, each recorded in a ``History`` (``recording.py``) that ``history.check_history`` judges."""
+"""A client workload for the history checker: threads doing random single-key reads, writes and compare-and-sets,
+and batch puts (a write of each of its keys, each key's its own process in the history), on a few keys of a cluster, each recorded in a ``History`` (``recording.py``) that ``history.check_history`` judges."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ class Workload:
                 h.fail(op, e)  # a read changes nothing: a failed one is left out
             else:
                 h.ok(op, value)
-        elif dice < 0.7:
+        elif dice < 0.6:
             op = h.invoke(process, WRITE, key, unique)
             try:
                 state.put(key, unique)
@@ -78,6 +78,18 @@ class Workload:
             else:
                 h.ok(op, None)
                 seen[key] = unique
+        elif dice < 0.7:  # a batch put: a write of each key (a piece per partition, replicated as runs)
+            batch = {k: f"{unique}.{j}" for j, k in enumerate(rnd.sample(self.keys, min(len(self.keys), rnd.randint(2, 6))))}
+            ops = {k: h.invoke((process, j), WRITE, k, v) for j, (k, v) in enumerate(batch.items())}
+            try:
+                state.put_many(batch)
+            except RockstateError as e:
+                for op in ops.values():
+                    h.info(op, e)  # each may have been applied before the error
+            else:
+                for op in ops.values():
+                    h.ok(op, None)
+                seen.update(batch)
         else:
             expected = seen.get(key)
             op = h.invoke(process, CAS, key, (expected, unique))
@@ -117,6 +129,7 @@ class Workload:
         ops = self.history.operations()
         return {kind: sum(1 for o in ops if o.kind == kind and o.status == "ok") for kind in (READ, WRITE, CAS)} | {
             "cas applied": sum(1 for o in ops if o.kind == CAS and o.output is True),
+            "batch writes": sum(1 for o in ops if o.kind == WRITE and type(o.process) is tuple and o.status == "ok"),
             "info": sum(1 for o in ops if o.status == "info")}
 
 

@@ -107,7 +107,7 @@ def run_kills(tmp_path, nodes: int, backup_count: int, kills: list[list[int]]) -
     assert report.ok, str(report)
     assert not report.documented_loss and "partition_restored" not in events
     kinds = load.kinds()
-    assert kinds["cas applied"] > 0 and total > 0, kinds
+    assert kinds["cas applied"] > 0 and kinds["batch writes"] > 0 and total > 0, kinds
 
 
 @pytest.mark.timeout(150)

@@ -60,7 +60,7 @@ def test_p271_four_nodes_join_kill_leave_under_writes(tmp_path):
     assert report.ok, str(report)
     assert not report.documented_loss, str(report)
     assert status["partitions"] == PARTITIONS and len([n for n in status["nodes"] if n["status"] == "alive"]) == 3
-    assert min(kinds[k] for k in (READ, WRITE, CAS)) > 0, kinds
+    assert min(kinds[k] for k in (READ, WRITE, CAS, "batch writes")) > 0, kinds
     # the bound is the cluster's own: beyond what the machine cost an idle loop meanwhile (stalls of every process at once)
     assert len(lags) == 4 and max(lags.values()) < STALL + idle.worst, \
         f"event loops stalled (seconds, the worst of each): {lags}; an idle loop on this machine: {idle.worst:.2f}"

@@ -190,17 +190,30 @@ class MoveDiscard(Message):
 class ReplicaApply(Message):
     """From a primary node, to one backup node: batches of many partitions in one message, each partition's in its
     order. ``items`` is [[pid, replica epoch, seq, stored ops or None (a probe)], ...], at most MAX_REPLICA_ITEMS;
-    answers [[pid, last applied seq, status], ...], one per partition (status: ``ok``, ``stale`` epoch,
-    ``behind``: a gap, ``not_ready``: no copy yet). Checked whole before any batch applies: each item's shape, its
-    numbers' ranges, a partition's sequence numbers rising through the message, and each stored op's shape (the
-    items of a key or value list are checked as they are applied)."""
+    ``runs`` carries batch puts' pieces more compactly, applied after the items, in order: each is [state, request
+    id or None, pids, replica epochs, seqs, key counts, keys, values], one piece per partition, the piece of
+    partition ``pids[i]`` being batch ``seqs[i]``, which stored ``counts[i]`` of the keys and values (in order) with
+    RAW_PUT_MANY, and the request id with RAW_PUT (what ``items`` would say of it). Answers [[pid, last applied seq,
+    status], ...], one per partition (status: ``ok``, ``stale`` epoch, ``behind``: a gap, ``not_ready``: no copy
+    yet). Checked whole before any batch applies: each item's and run's shape, its numbers' ranges, a partition's
+    sequence numbers rising through the message, and each stored op's shape (the items of a key or value list are
+    checked as they are applied)."""
 
     op = "replica_apply"
     items: list
+    runs: list | None = None  # None: a node of an earlier version knows no runs (the field is left out)
+
+    def to_wire(self) -> dict:
+        wire = super().to_wire()
+        if wire["runs"] is None:
+            del wire["runs"]
+        return wire
 
     def received(self) -> None:  # not on the sender, which builds it from its own logs (checking them was 4 % of its CPU)
-        if len(self.items) > MAX_REPLICA_ITEMS:
-            raise ProtocolError(f"a 'replica_apply' message carries at most {MAX_REPLICA_ITEMS} batches, not {len(self.items)}",
+        batches = len(self.items) + sum(len(run[2]) for run in self.runs or () if type(run) is list and len(run) == 8
+                                        and type(run[2]) is list)
+        if batches > MAX_REPLICA_ITEMS:
+            raise ProtocolError(f"a 'replica_apply' message carries at most {MAX_REPLICA_ITEMS} batches, not {batches}",
                                 op=self.op, field="items")
         last: dict[int, int] = {}
         for item in self.items:
@@ -224,6 +237,34 @@ class ReplicaApply(Message):
                             type(op[3]) not in (list, tuple) or len(op[3]) != len(op[2])))):  # else a put's keys and values pair off wrong
                         raise ProtocolError(f"a stored op of partition {pid}'s batch {seq} puts or deletes many keys: a "
                                             "list of keys (and of as many values)", op=self.op, field="items")
+        for run in self.runs or ():
+            _check_run(run, last)
+
+
+def _check_run(run: object, last: dict[int, int]) -> None:
+    """One of ``ReplicaApply.runs``; ``last``: each partition's last batch before it in the message."""
+    if type(run) is not list or len(run) != 8 or type(run[0]) is not str or (run[1] is not None and type(run[1]) is not bytes) \
+            or any(type(column) is not list for column in run[2:]):
+        raise ProtocolError(f"a 'replica_apply' run is [state, request id or None, pids, epochs, seqs, counts, keys, values], "
+                            f"not {run!r:.100}", op="replica_apply", field="runs")
+    _, _, pids, epochs, seqs, counts, keys, values = run
+    if not len(pids) == len(epochs) == len(seqs) == len(counts) or len(keys) != len(values):
+        raise ProtocolError("a 'replica_apply' run has a pid, an epoch, a seq and a count per piece, and a value per key",
+                            op="replica_apply", field="runs")
+    total = 0
+    for pid, epoch, seq, count in zip(pids, epochs, seqs, counts):
+        if type(pid) is not int or type(epoch) is not int or type(seq) is not int or type(count) is not int \
+                or not 0 <= pid <= U32 or not 0 <= epoch <= I64 or not 0 < seq <= I64 or count < 0:
+            raise ProtocolError(f"a 'replica_apply' run's piece is partition, replica epoch, seq and key count in range, "
+                                f"not {[pid, epoch, seq, count]!r:.100}", op="replica_apply", field="runs")
+        if seq <= last.get(pid, 0):
+            raise ProtocolError(f"partition {pid}'s batch {seq} follows its batch {last[pid]} in a 'replica_apply' message: "
+                                "a partition's batches come in order", op="replica_apply", field="runs")
+        last[pid] = seq
+        total += count
+    if total != len(keys):
+        raise ProtocolError(f"a 'replica_apply' run's pieces count {total} keys, and it carries {len(keys)}",
+                            op="replica_apply", field="runs")
 
 
 class ReplicaCopy(Ranged, Message):

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from itertools import accumulate, chain
 from typing import Callable
 
 from ...control.write_acks import BackupApply
 from ...errors import ProtocolError, ReplicaBehindError, RockstateError, StaleEpochError
 from ...store import Store
 from ...store.many import ReplicatedWrites, holding
+from ...store.requests import WRITTEN
 from .. import protocol as p
 from .outcomes import Applied
+from .runs import stored_piece
 
 TAIL = 64  # batches every replica keeps past what its backups applied: a promoted one resends its tail from them
 INLINE_ITEMS = 64  # a backup applies up to this many on its loop, more in a thread
@@ -80,13 +83,14 @@ class Backups:
         self._tail_bytes.pop(pid, None)
         return [e for e in tail if e[0] <= seq] if self._applies.pop(pid, None) else []
 
-    def _keep(self, pid: int, seq: int, stored: list) -> None:
+    def _keep(self, pid: int, seq: int, stored: list, size: int | None = None) -> None:
         """A batch applied, into the partition's tail: at most TAIL batches, and at most its share of
         ``kept_bytes`` but the newest (a promoted copy lacking one a backup needs gives that backup a copy)."""
         tail = self._tails.get(pid)
         if tail is None:
             tail = self._tails[pid] = deque()
-        size = stored_bytes(stored)
+        if size is None:
+            size = stored_bytes(stored)
         tail.append((seq, stored, size))
         weight = self._tail_bytes.get(pid, 0) + size
         share = None if self._kept_bytes is None else self._kept_bytes // max(1, len(self._applies))
@@ -101,49 +105,115 @@ class Backups:
     # -- handlers ---------------------------------------------------------------------
 
     async def apply(self, msg: p.ReplicaApply, conn: object) -> list:
-        if len(msg.items) <= INLINE_ITEMS:  # the steady stream: a thread hop would cost more than the writes
-            return self._apply(msg.items)
-        return await asyncio.to_thread(self._apply, msg.items)  # off the loop: a catching-up backup gets thousands
+        runs = msg.runs or []
+        if len(msg.items) + sum(len(run[2]) for run in runs) <= INLINE_ITEMS:  # the steady stream: a thread hop would cost more than the writes
+            return self._apply(msg.items, runs)
+        return await asyncio.to_thread(self._apply, msg.items, runs)  # off the loop: a catching-up backup gets thousands
 
-    def _apply(self, items: list) -> list:
-        """The items in order, every partition's batches in one RocksDB WriteBatch (a partition's next batch in the
-        same message writes what came before first: an append reads what its previous batch left)."""
+    def _apply(self, items: list, runs: list = []) -> list:
+        """The items in order, then the runs, every partition's batches in one RocksDB WriteBatch (a partition's next
+        batch in the same message writes what came before first: an append reads what its previous batch left)."""
         store = self._store_of()
         status: dict[int, Applied] = {}
         parts = {}
-        for pid in sorted({item[0] for item in items if item[0] in self._applies}):
+        named = {item[0] for item in items}.union(*(run[2] for run in runs))
+        for pid in sorted(named.intersection(self._applies)):
             try:
                 parts[pid] = store.partition(pid)
             except RockstateError:  # its copy closed meanwhile (dropped, replaced)
                 status[pid] = Applied.NOT_READY
-        written = sorted({item[0] for item in items if item[3] is not None}.intersection(parts))  # a probe takes no lock
+        written = sorted({item[0] for item in items if item[3] is not None}.union(*(run[2] for run in runs)).intersection(parts))  # a probe takes no lock
         with holding(parts[pid].lock for pid in written):  # in partition order, as a write's: never two waiting for each other
             writes = ReplicatedWrites(store.db)
-            for pid, epoch, seq, stored in items:
-                backup = self._applies.get(pid)
-                if backup is None:
-                    status[pid] = Applied.NOT_READY
-                    continue
-                if status.get(pid, Applied.OK) != Applied.OK or stored is None:  # None: the primary asks where it is
-                    status.setdefault(pid, Applied.OK)
-                    continue
-                if pid in writes:
-                    writes.flush()
-                try:
-                    if backup.check(epoch, seq):
-                        writes.add(parts[pid], seq, stored, backup.applied)
-                        self._keep(pid, seq, stored)
-                    status[pid] = Applied.OK
-                except StaleEpochError:
-                    status[pid] = Applied.STALE
-                except ReplicaBehindError:
-                    status[pid] = Applied.BEHIND
-                except RockstateError:  # its copy closed meanwhile (dropped, replaced)
-                    status[pid] = Applied.NOT_READY
-                except (KeyError, TypeError, ValueError) as e:  # an item of a key or value list that is not bytes
-                    raise ProtocolError(f"partition {pid}'s batch {seq} in a 'replica_apply' message: {e}") from None
+            for item in items:
+                self._apply_item(item, parts, status, writes)
+            for run in runs:
+                self._apply_run(run, parts, status, writes, store.db.kinds)
             writes.flush()
         return [[pid, self._applies[pid].last_applied if pid in self._applies else 0, st] for pid, st in status.items()]
+
+    def _apply_item(self, item: list, parts: dict, status: dict[int, Applied], writes: ReplicatedWrites) -> None:
+        pid, epoch, seq, stored = item
+        backup = self._applies.get(pid)
+        if backup is None:
+            status[pid] = Applied.NOT_READY
+            return
+        if status.get(pid, Applied.OK) != Applied.OK or stored is None:  # None: the primary asks where it is
+            status.setdefault(pid, Applied.OK)
+            return
+        if pid in writes:
+            writes.flush()
+        try:
+            if backup.check(epoch, seq):
+                writes.add(parts[pid], seq, stored, backup.applied)
+                self._keep(pid, seq, stored)
+            status[pid] = Applied.OK
+        except StaleEpochError:
+            status[pid] = Applied.STALE
+        except ReplicaBehindError:
+            status[pid] = Applied.BEHIND
+        except RockstateError:  # its copy closed meanwhile (dropped, replaced)
+            status[pid] = Applied.NOT_READY
+        except (KeyError, TypeError, ValueError) as e:  # an item of a key or value list that is not bytes
+            raise ProtocolError(f"partition {pid}'s batch {seq} in a 'replica_apply' message: {e}") from None
+
+    def _apply_run(self, run: list, parts: dict, status: dict[int, Applied], writes: ReplicatedWrites, kinds: dict) -> None:
+        """A run of batch puts' pieces (``ReplicaApply.runs``): each piece checked as an item is, those to apply
+        staged together (``ReplicatedWrites.add_puts``), and kept in their partitions' tails as the items they stand for."""
+        state, request, pids, epochs, seqs, counts, keys, values = run
+        offsets = list(accumulate(counts, initial=0))
+
+        def piece(i: int) -> list:  # what ``items`` would carry of piece i
+            return stored_piece(state, request, keys[offsets[i]:offsets[i + 1]], values[offsets[i]:offsets[i + 1]])
+
+        if state not in kinds:  # a state not yet known here: the item path defines it
+            for i, pid in enumerate(pids):
+                self._apply_item([pid, epochs[i], seqs[i], piece(i)], parts, status, writes)
+            return
+        if writes.holds_any(pids):
+            writes.flush()  # a batch of theirs before this one in the message: written first
+        taken: list[int] = []
+        for i, pid in enumerate(pids):
+            backup = self._applies.get(pid)
+            if backup is None:
+                status[pid] = Applied.NOT_READY
+                continue
+            if status.get(pid, Applied.OK) != Applied.OK:
+                continue
+            try:
+                if backup.check(epochs[i], seqs[i]):
+                    taken.append(i)
+                status[pid] = Applied.OK
+            except StaleEpochError:
+                status[pid] = Applied.STALE
+            except ReplicaBehindError:
+                status[pid] = Applied.BEHIND
+        if not taken:
+            return
+        taken_keys, taken_values = keys, values
+        if len(taken) < len(pids):  # some applied before, or refused: the others' keys only
+            taken_keys = list(chain.from_iterable(keys[offsets[i]:offsets[i + 1]] for i in taken))
+            taken_values = list(chain.from_iterable(values[offsets[i]:offsets[i + 1]] for i in taken))
+        taken_pids = [pids[i] for i in taken]
+        try:
+            writes.add_puts([parts[pid] for pid in taken_pids], [seqs[i] for i in taken],
+                            [self._applies[pid].applied for pid in taken_pids], kinds[state][0],
+                            [counts[i] for i in taken], taken_keys, taken_values, request)
+        except RockstateError:  # a copy closed meanwhile (dropped, replaced), nothing staged: the pieces one by one
+            for i in taken:
+                self._apply_item([pids[i], epochs[i], seqs[i], piece(i)], parts, status, writes)
+            return
+        except TypeError as e:  # a key that is not bytes: the message fails whole, nothing of it written
+            raise ProtocolError(f"a run of batches of partitions {taken_pids[:8]} in a 'replica_apply' message: {e}") from None
+        extra = 180 + (180 + len(request) + len(WRITTEN) if request is not None else 0)
+        for i in taken:
+            stored = piece(i)  # kept as the item it stands for, weighed as ``stored_bytes`` would (its shape is known)
+            keys_i, values_i = stored[0][2], stored[0][3]
+            try:
+                size = extra + sum(map(len, keys_i)) + sum(map(len, values_i)) + 96 * len(keys_i)
+            except TypeError:  # a value that is not bytes: the write fails it (the message whole)
+                size = 0
+            self._keep(pids[i], seqs[i], stored, size)
 
     async def positions(self, msg: p.ReplicaPositions, conn: object) -> dict:
         return {pid: self._applies[pid].last_applied for pid in msg.partitions if pid in self._applies}

@@ -36,6 +36,7 @@ from ...store import Store
 from ...store.partition import REPLICATION, Partition
 from .backup import TAIL, Kept, stored_bytes
 from .outcomes import Applied, Report
+from .runs import Runs
 from .waits import Wait
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ MAX_ITEMS = 2000  # batches per ReplicaApply
 class Outgoing(NamedTuple):
     items: list  # [[pid, replica epoch, seq, stored ops or None (a probe)], ...]
     carried: dict[int, int]  # pid -> the log's end it carries, for the partitions it carries whole
+    runs: list  # ``ReplicaApply.runs``: batch puts' pieces, applied after the items
 
 
 def _under_lock(part: Partition, action: Callable[[], None]) -> None:
@@ -285,14 +287,16 @@ class Primaries:
     def pending(self, node: str) -> bool:
         return bool(self._dirty.get(node))
 
-    def outgoing(self, node: str, full: bool, probe_in_sync: bool = True) -> Outgoing:
+    def outgoing(self, node: str, full: bool, probe_in_sync: bool = True, runs: bool = True) -> Outgoing:
         """What to send ``node`` next: the batches past its position of the partitions written since its last send;
         ``full``: of all it backs, with reports of its lags and probes of idle copies (of in-sync ones only with
-        ``probe_in_sync``), and the logs trimmed."""
+        ``probe_in_sync``), and the logs trimmed; ``runs``: batch puts' pieces as runs (not to a node of an earlier
+        version)."""
         self._queue()
-        now, size = time.monotonic(), 0
+        now, size, pieces = time.monotonic(), 0, 0
         items: list[list] = []
         carried: dict[int, int] = {}
+        grouped = Runs() if runs else None
         dirty = self._dirty.pop(node, set())
         pids = [pid for pid in (self._acks if full else dirty) if pid in self._acks and node in self._backups[pid]]
         for pid in pids:
@@ -309,18 +313,25 @@ class Primaries:
             if start is None:
                 continue
             idle = self._shipped_to[pid] <= start  # nothing past its position (most of a full look's partitions)
-            if not idle and (size > MAX_ITEMS_BYTES or len(items) >= MAX_ITEMS):
+            if not idle and (size > MAX_ITEMS_BYTES or pieces >= MAX_ITEMS):
                 self._dirty.setdefault(node, set()).add(pid)  # the rest next time
                 continue
             entries = [] if idle else self._log_after(pid, start)
             if entries is None:
                 self._report(pid, node, Report.UNREACHABLE)  # too far behind: it catches up anew
                 continue
+            weight = sum([e[2] for e in entries]) if grouped is not None else 0
+            if entries and len(entries) <= MAX_ITEMS - pieces and size + weight <= MAX_ITEMS_BYTES \
+                    and grouped is not None and grouped.add(pid, acks.epoch, entries):  # else as items, the message's bounds kept
+                pieces, size = pieces + len(entries), size + weight
+                carried[pid] = entries[-1][0]  # the whole log past its position, in runs
+                continue
             for seq, stored, weight in entries:
-                if items and (size > MAX_ITEMS_BYTES or len(items) >= MAX_ITEMS):
+                if pieces and (size > MAX_ITEMS_BYTES or pieces >= MAX_ITEMS):
                     self._dirty.setdefault(node, set()).add(pid)  # the rest next time (a backup applies a partition's batches in order)
                     break
                 items.append([pid, acks.epoch, seq, stored])
+                pieces += 1
                 size += weight
             else:  # the whole log past its position: applying it, the backup is one request behind at most
                 carried[pid] = entries[-1][0] if entries else start
@@ -330,7 +341,13 @@ class Primaries:
                 items.append([pid, acks.epoch, 0, None])
         if full:
             self._trim(pids)
-        return Outgoing(items, carried)
+        return Outgoing(items, carried, [] if grouped is None else grouped.wire())
+
+    def resend(self, node: str, pids: Iterable[int]) -> None:
+        """``node`` got none of these partitions' batches of the last send (it refused its form): sent again next."""
+        self._dirty.setdefault(node, set()).update(pid for pid in pids if pid in self._acks)
+        if node in self._wake:
+            self._wake[node].set()
 
     def unreachable(self, node: str, pids: Iterable[int]) -> None:
         for pid in pids:

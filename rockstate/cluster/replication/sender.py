@@ -8,7 +8,7 @@ import logging
 import time
 from typing import Callable
 
-from ...errors import PartitionUnavailableError, RockstateError
+from ...errors import PartitionUnavailableError, ProtocolError, RockstateError
 from ...rpc.async_client import AsyncChannel
 from .. import protocol as p
 from .primary import Primaries
@@ -30,6 +30,7 @@ class Sender:
         self._stopping = self._due = False
         self._ticks = 0  # ticks so far: every PROBE_TICKS-th probes the in-sync copies too
         self._ticker: asyncio.TimerHandle | None = None
+        self._runs = True  # batch puts' pieces as ``ReplicaApply.runs`` (False: the backup refused them)
 
     def stop(self) -> None:
         self._stopping = True
@@ -74,17 +75,23 @@ class Sender:
 
     async def send_once(self, full: bool = True, probe_in_sync: bool = True) -> None:
         node, primaries = self.node, self._primaries
-        items, carried = primaries.outgoing(node, full, probe_in_sync)
-        if not items:
+        items, carried, runs = primaries.outgoing(node, full, probe_in_sync, self._runs)
+        if not items and not runs:
             return
         address = self._address(node)
         try:
             if address is None:
                 raise PartitionUnavailableError(f"backup {node} has no address")
-            replies = await self._peer(address).call(p.ReplicaApply(items=items), timeout=self._timeout())
+            replies = await self._peer(address).call(p.ReplicaApply(items=items, runs=runs or None), timeout=self._timeout())
         except RockstateError as e:
-            log.warning("backup %s did not apply batches of partitions %s: %s", node, sorted({i[0] for i in items})[:8], e)
-            primaries.unreachable(node, {i[0] for i in items})
+            pids = {i[0] for i in items}.union(*(run[2] for run in runs))
+            if runs and isinstance(e, ProtocolError) and e.data.get("field") == "runs":  # a node of an earlier version
+                log.warning("backup %s refused runs (%s): batch puts go to it as items from now on", node, e)
+                self._runs = False
+                primaries.resend(node, pids)
+                return
+            log.warning("backup %s did not apply batches of partitions %s: %s", node, sorted(pids)[:8], e)
+            primaries.unreachable(node, pids)
             await asyncio.sleep(min(0.2, self._timeout() / 4))
             return
         primaries.answered(node, replies, carried)
