@@ -2,6 +2,7 @@
 starts empty, the others untouched; a format-1 folder (a RocksDB per partition) is imported when its partition
 opens and then removed (store/trash.py), also after a crash mid-removal."""
 
+import json
 import os
 import shutil
 import signal
@@ -10,11 +11,11 @@ import sys
 import textwrap
 
 import pytest
-from rocksdict import Options, Rdict
+from rocksdict import Options, Rdict, SstFileWriter
 
 from rockstate.config import StoreConfig
 from rockstate.errors import PartitionUnavailableError, ProtocolError
-from rockstate.store import PUT, PUT_MANY, StateSpec, Store
+from rockstate.store import PUT, PUT_MANY, StateSpec, Store, keygroups
 
 KEYS = [b"k%05d" % i for i in range(2000)]
 
@@ -187,6 +188,45 @@ def test_an_export_of_several_partitions_gives_only_those_taken_and_is_checked_a
     finally:
         store.close()
         other.close()
+
+
+def _export(path, files: dict[str, dict[int, list[bytes]]]) -> str:
+    """An export as a peer would send it: a file per state (``files[state][pid]``: its keys), and states.json."""
+    os.makedirs(path)
+    for i, (state, keys) in enumerate(files.items()):
+        writer = SstFileWriter(options=Options(raw_mode=True))
+        writer.open(os.path.join(path, f"{i:04d}.sst"))
+        for pid in sorted(keys):
+            for key in sorted(keys[pid]):
+                writer[keygroups.prefix(pid) + key] = state.encode() + key
+        writer.finish()
+    with open(os.path.join(path, "states.json"), "w") as f:
+        json.dump(list(files), f)
+    return str(path)
+
+
+def test_a_copys_files_are_each_checked_though_their_states_keys_overlap(tmp_path):
+    """The files of a copy's states are checked one after another in one scratch RocksDB: each state's keys of the
+    same partitions overlap the others', and a key of a partition not held is found in whichever file holds it."""
+    store = Store(str(tmp_path / "s"), StoreConfig(partitions=8))
+    try:
+        for state in ("a", "b", "c"):
+            store.define_state(StateSpec(state, "value"))
+        keys = [b"k1", b"k2"]
+        good = _export(tmp_path / "good", {"a": {1: keys, 3: keys}, "b": {1: keys, 3: keys}, "c": {3: keys}})
+        store.replace_partitions({1: (good, 1), 3: (good, 3)})
+        assert [store.get_many(pid, state, keys) for pid, state in ((1, "a"), (3, "b"), (3, "c"), (1, "c"))] == [
+            [b"ak1", b"ak2"], [b"bk1", b"bk2"], [b"ck1", b"ck2"], [None, None]]
+        for n, bad in enumerate(({"a": {1: keys, 3: keys}, "b": {1: keys, 2: keys, 3: keys}},  # the second state's file, in the gap
+                                 {"a": {1: keys, 3: keys}, "b": {1: keys}, "c": {3: keys, 4: keys}},  # the third's, past the last
+                                 {"a": {1: keys, 2: [b"x"], 3: keys}, "b": {1: keys, 3: keys}})):  # the first's, a key the others lack
+            copy = _export(tmp_path / f"bad{n}", bad)
+            with pytest.raises(ProtocolError, match="keys of another partition"):
+                store.replace_partitions({1: (copy, 1), 3: (copy, 3)})
+            store.open_partitions([1, 3])
+            assert store.get_many(3, "b", keys) == [b"bk1", b"bk2"]  # what the good copy left, untouched
+    finally:
+        store.close()
 
 
 def test_a_copy_holds_exactly_the_writes_before_it_and_a_move_records_the_rest(tmp_path):

@@ -142,7 +142,7 @@ class NodeDB:
         the files go in (the partitions' locks). ``holds[path]``: the partitions an export holds, when more than
         those taken from it (their keys are checked, and left out).
 
-        All in one go, whatever their number: a scratch RocksDB per export and state checks its file, then one
+        All in one go, whatever their number: a scratch RocksDB per export checks its files, then one
         range deletion per partition and one ingestion per state (a partition at a time cost a scratch RocksDB per
         file and a memtable flush per partition: 61 % of a joining node's CPU at P=271)."""
         if not copies:
@@ -233,10 +233,17 @@ def is_rocksdb(path: str) -> bool:
 
 def _checked(exports: Mapping[int, str], staging: str, holds: Mapping[str, Iterable[int]] = {}) -> dict[str, list[str]]:
     """Every export's SST files (``exports[pid]``: the export holding partition ``pid``; one may hold several),
-    ingested first into a scratch RocksDB per export (a column family per state), which then shows where their keys
-    are: a key of a partition the export was not given for refuses them all (a copy from another node never
-    reaches another partition's keys). Answers {state: its files, in ``staging``}. One scratch RocksDB per export,
-    not per state: each is made and synced on disk, and three of them were most of a backup copy's open."""
+    ingested first into a scratch RocksDB per export, which then shows where their keys are: a key of a partition
+    the export was not given for refuses them all (a copy from another node never reaches another partition's
+    keys). Answers {state: its files, in ``staging``}.
+
+    One scratch RocksDB per export, not per state: each is made and synced on disk, and three of them were most of a
+    backup copy's open. Its files go into its one (default) family, one after another: the first and last key of
+    each are its own (RocksDB's metadata of the file), and a key found in a gap between the partitions it holds is
+    the new file's, the files before it having none there. Only an export holding partitions not taken from it
+    (their keys are left out, each file rewritten) needs a family per state, whose keys are the state's alone.
+    RocksDB opens a DB's files with up to 16 threads per family, made even for none: one here (a DB made per
+    transfer spent more on those threads than on its files)."""
     by_path: dict[str, list[int]] = {}
     for pid, copy in exports.items():
         by_path.setdefault(copy, []).append(pid)
@@ -250,26 +257,29 @@ def _checked(exports: Mapping[int, str], staging: str, holds: Mapping[str, Itera
             named[name] = os.path.join(copy, f"{i:04d}{SST}")
         if not named:
             continue
+        held, wanted = set(holds.get(copy, pids)), set(pids)
         scratch = os.path.join(staging, f"check.{n}")
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
         opts.create_missing_column_families(True)
         opts.set_disable_auto_compactions(True)
-        db = Rdict(scratch, opts, column_families={name: opts for name in named})
+        opts.set_max_file_opening_threads(1)
+        db = Rdict(scratch, opts, column_families={name: opts for name in named} if held - wanted else None)
         try:
             for name, path in named.items():
-                checked = _check_file(db, name, path, set(holds.get(copy, pids)), set(pids), f"{scratch}.{name}")
+                family = db.get_column_family(name) if held - wanted else db
+                checked = _check_file(db, family, name, path, held, wanted, f"{scratch}.{name}")
                 files.setdefault(name, []).extend([checked] if checked else [])
         finally:
             db.close()
     return files
 
 
-def _check_file(db: Rdict, state: str, path: str, holds: set[int], wanted: set[int], taken: str) -> str:
-    """The SST file at ``path`` ingested into ``db``'s column family ``state``; refused unless every key in it is
-    of a partition it ``holds`` (its first and last, and none in a gap between them: a seek each). Answers a file
-    of the ``wanted`` partitions' keys: that one, or, when it holds more, a new one of theirs at ``taken`` ("": none)."""
-    family = db.get_column_family(state)
+def _check_file(db: Rdict, family: Rdict, state: str, path: str, holds: set[int], wanted: set[int], taken: str) -> str:
+    """The SST file at ``path`` ingested into ``family`` of ``db`` (which holds only files checked before); refused
+    unless every key in it is of a partition it ``holds`` (its first and last, and none in a gap between them: a
+    seek each). Answers a file of the ``wanted`` partitions' keys: that one, or, when it holds more, a new one of
+    theirs at ``taken`` ("": none), read from ``family`` (then the state's own)."""
     before = {f["name"] for f in db.live_files()}
     try:
         family.ingest_external_file([path], _moving())
