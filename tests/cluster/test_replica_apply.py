@@ -18,6 +18,7 @@ from rockstate.cluster.protocol.node import MAX_REPLICA_ITEMS
 from rockstate.cluster.replication.backup import Backups
 from rockstate.cluster.replication.outcomes import Applied, Report
 from rockstate.cluster.replication.primary import Primaries
+from rockstate.cluster.replication.runs import Runs
 from rockstate.cluster.replication.sender import Sender
 from rockstate import errors
 from rockstate.config import StoreConfig
@@ -537,3 +538,20 @@ def test_a_backup_of_an_earlier_version_refuses_runs_once_and_gets_items_from_th
     finally:
         primary_store.close()
         backup_store.close()
+
+
+def test_a_partitions_batches_ride_in_runs_only_in_the_order_the_backup_applies_them():
+    """Runs are applied in order, after the items: a partition whose batches would ride in one run twice (a request
+    that wrote it twice) or in an earlier run than a batch before them goes as items."""
+    def entry(seq: int, request: bytes, state: str = "s") -> tuple:
+        return (seq, [(RAW_PUT_MANY, state, [b"k%d" % seq], [b"v"]), (RAW_PUT, "_requests", request, b"w")], 100)
+
+    runs = Runs()
+    assert runs.add(0, 1, [entry(1, b"A"), entry(2, b"B")])  # runs A, B
+    assert runs.add(1, 1, [entry(5, b"B")])
+    assert not runs.add(2, 1, [entry(3, b"B"), entry(4, b"A")])  # B before A: A's run comes first
+    assert not runs.add(3, 1, [entry(1, b"C"), entry(2, b"C")])  # one run twice
+    assert not runs.add(4, 1, [entry(1, b"C"), (2, [(RAW_PUT, "s", b"k", b"v")], 10)])  # a batch that is no put's
+    assert runs.add(5, 1, [entry(7, b"A"), entry(8, b"C")])  # A, then a new run
+    assert [(run[1], run[2], run[4]) for run in runs.wire()] == [(b"A", [0, 5], [1, 7]), (b"B", [0, 1], [2, 5]),
+                                                                  (b"C", [5], [8])]
