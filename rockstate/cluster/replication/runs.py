@@ -53,15 +53,15 @@ class Runs:
                 run = self.runs[key] = []
             run.append((pid, epoch, seq, stored[0][2], stored[0][3]))
             return True
-        keys = [run_key(stored) for _, stored, _ in entries]
-        if None in keys:
+        keys = [key for key in (run_key(stored) for _, stored, _ in entries) if key is not None]
+        if len(keys) < len(entries):
             return False
         order = {k: i for i, k in enumerate(self.runs)}
         at = [order.setdefault(k, len(order)) for k in keys]  # the run each would ride in, in the message's order
         if any(b <= a for a, b in zip(at, at[1:])):  # one run twice (a request writing the partition twice), or back
             return False
         for key, (seq, stored, _) in zip(keys, entries):
-            self.runs.setdefault(key, []).append((pid, epoch, seq, stored[0][2], stored[0][3]))  # type: ignore[arg-type]
+            self.runs.setdefault(key, []).append((pid, epoch, seq, stored[0][2], stored[0][3]))
         return True
 
     def wire(self) -> list:
