@@ -116,13 +116,13 @@ class Backups:
         store = self._store_of()
         status: dict[int, Applied] = {}
         parts = {}
-        named = {item[0] for item in items}.union(*(run[2] for run in runs))
-        for pid in sorted(named.intersection(self._applies)):
+        in_runs = set().union(*(run[2] for run in runs))
+        for pid in sorted(in_runs.union(item[0] for item in items).intersection(self._applies)):
             try:
                 parts[pid] = store.partition(pid)
             except RockstateError:  # its copy closed meanwhile (dropped, replaced)
                 status[pid] = Applied.NOT_READY
-        written = sorted({item[0] for item in items if item[3] is not None}.union(*(run[2] for run in runs)).intersection(parts))  # a probe takes no lock
+        written = sorted(in_runs.union(item[0] for item in items if item[3] is not None).intersection(parts))  # a probe takes no lock
         with holding(parts[pid].lock for pid in written):  # in partition order, as a write's: never two waiting for each other
             writes = ReplicatedWrites(store.db)
             for item in items:
