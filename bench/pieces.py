@@ -65,7 +65,7 @@ CACHE_BYTES = 64 << 20  # more than the machine's caches
 SINGLES = 400
 NODES = 3
 KEYS = 5000 // NODES  # a node's share of a 5,000-key batch
-BATCHES = 40
+BATCHES = int(os.environ.get("BENCH_PIECES_BATCHES", 40))
 VALUE = os.urandom(100)
 STAGES = ["write", "outgoing", "msgpack", "check", "apply", "answered"]
 

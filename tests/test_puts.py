@@ -4,10 +4,12 @@ recorded writes and request ids as piece by piece, and any other shape still pie
 import pytest
 
 from rockstate.config import StoreConfig
-from rockstate.errors import ProtocolError
+from rockstate.errors import ProtocolError, SizeLimitError, UnknownStateError
 from rockstate.ops import PUT, PUT_MANY, RAW_PUT, RAW_PUT_MANY
 from rockstate.store import StateSpec, Store, requests
+from rockstate.store.checks import check_ops, check_put_pieces
 from rockstate.store.partition import REPLICATION, SEQ_KEY
+from rockstate.store.writes import stored_bytes
 
 P = 64
 
@@ -39,10 +41,20 @@ def stores(tmp_path):
         store.close()
 
 
+class Shipped(list):
+    weighed = 0  # batches the caller gave the weight of
+
+
 def _ship(store):
-    shipped = []
+    """What the store ships, each batch's weight as ``stored_bytes`` would give it (the caller's, when it knows it)."""
+    shipped = Shipped()
+
+    def ship(pid, seq, stored, size):
+        assert size is None or size == stored_bytes(stored)
+        shipped.weighed += size is not None
+        shipped.append((pid, seq, stored, stored_bytes(stored) if size is None else size))
     for pid in range(P):
-        store.partition(pid).shipper = lambda pid, seq, stored: shipped.append((pid, seq, stored))
+        store.partition(pid).shipper = ship
     return shipped
 
 
@@ -61,6 +73,7 @@ def test_a_batch_put_stages_at_once_what_piece_by_piece_would_and_ships_and_reco
         assert _everything(fast, state) == _everything(slow, state)
     assert fast.partition(2).raw_get_one(REPLICATION, SEQ_KEY) == (1).to_bytes(8, "big")
     assert shipped[0] == shipped[1] and [s[:2] for s in shipped[0]] == [(pid, 1) for pid in range(0, 40, 2)]
+    assert (shipped[0].weighed, shipped[1].weighed) == (20, 0)  # weighed by its shape at once, and the same
     assert [list(op) for op in shipped[0][1][2]] == [
         [RAW_PUT_MANY, "v", groups[1][1][0][2], groups[1][1][0][3]], [RAW_PUT, requests.REQUESTS, request, requests.WRITTEN]]
     for pid in (0, 2):
@@ -109,3 +122,52 @@ def test_a_key_that_is_not_bytes_fails_the_whole_request_and_writes_nothing(stor
         store.write_groups(groups, requests.new_id())
     assert all(not entries for entries in _everything(store, "v").values())
     assert store.write_all(_groups(5), requests.new_id()) == [True] * 5  # and it goes on serving
+
+
+def _error(check, groups):
+    try:
+        check(groups)
+    except Exception as e:  # noqa: BLE001 -- its type and message are compared
+        return type(e), str(e)
+    return None
+
+
+BAD_PIECES = {  # a request whose pieces are all batch puts but one: what is wrong with that one
+    "a key over the limit": lambda g: g[3][1][0][2].__setitem__(1, b"k" * 65),
+    "a value over the limit": lambda g: g[5][1][0][3].__setitem__(0, b"v" * 129),
+    "a key without a length": lambda g: g[2][1][0][2].__setitem__(0, 7),
+    "a value without a length": lambda g: g[2][1][0][3].__setitem__(2, None),
+    "fewer values than keys": lambda g: g[4][1][0][3].pop(),
+    "keys not a list": lambda g: g.__setitem__(1, (g[1][0], [[PUT_MANY, "v", b"k", [b"x"]]])),
+    "an unknown state": lambda g: g.__setitem__(6, (g[6][0], [[PUT_MANY, "nope", [b"k"], [b"x"]]])),
+    "a state that is not a str": lambda g: g.__setitem__(6, (g[6][0], [[PUT_MANY, 3, [b"k"], [b"x"]]])),
+    "an unknown op code": lambda g: g.__setitem__(0, (g[0][0], [[99, "v", [b"k"], [b"x"]]])),
+    "an op of three": lambda g: g.__setitem__(7, (g[7][0], [[PUT_MANY, "v", [b"k"]]])),
+    "ops not a list": lambda g: g.__setitem__(7, (g[7][0], "ops")),
+}
+
+
+@pytest.mark.parametrize("case", BAD_PIECES)
+def test_a_batch_puts_pieces_checked_at_once_refuse_what_piece_by_piece_refuses_and_name_it_alike(tmp_path, case):
+    store = Store(str(tmp_path / "s"), StoreConfig(partitions=P, max_key_bytes=64, max_value_bytes=128),
+                  reserved=("_requests", "_replication"))
+    try:
+        store.define_state(StateSpec("v", "value"))
+        store.define_state(StateSpec("w", "value"))
+
+        def one_by_one(groups):
+            for pid, ops in groups:
+                check_ops(ops, store.specs, f"partition {pid}", 64, 128)
+
+        groups = [(pid, [[PUT_MANY, "v", [k.encode() for k in keys], [b"x" * 100] * len(keys)]])
+                  for pid, keys in [(pid, [f"2026-11-28T10:00:{pid:02d}|{i}" for i in range(3)]) for pid in range(8)]]
+        assert check_put_pieces(groups, store.specs, 64, 128) and _error(store.check_ops, groups) is None
+        assert not check_put_pieces([*groups, (9, [[PUT_MANY, "w", [b"k"], [b"x"]]])], store.specs, 64, 128)  # two states
+        assert _error(store.check_ops, [*groups, (9, [[PUT_MANY, "w", [b"k"], [b"x"]]])]) is None  # each checked alone
+        BAD_PIECES[case](groups)
+        assert not check_put_pieces(groups, store.specs, 64, 128)
+        refused = _error(store.check_ops, groups)
+        assert refused is not None and refused == _error(one_by_one, groups)
+        assert issubclass(refused[0], (ProtocolError, SizeLimitError, UnknownStateError))
+    finally:
+        store.close()

@@ -17,7 +17,7 @@ def test_a_backup_applying_the_shipped_batches_holds_the_same_bytes(tmp_path):
             store.define_state(spec)
     primary, backup = primary_store.partition(0), backup_store.partition(0)
     shipped = []
-    primary.shipper = lambda pid, seq, stored: shipped.append((seq, stored))
+    primary.shipper = lambda pid, seq, stored, size: shipped.append((seq, stored))
     primary.write([(PUT_MANY, "sessions", [b"s-1", b"s-2"], [b"2026-11-23T10:00", b"2026-11-23T11:00"])], request=b"r" * 16)
     primary.write([(APPEND, "events", b"device-7", b"\x01"), (APPEND, "events", b"device-7", b"\x02")])
     primary.write([(PUT_MANY, "events", [b"device-9"], [b"\x05"]), (APPEND, "events", b"device-9", b"\x06")])
@@ -42,14 +42,14 @@ def test_a_backup_applying_the_shipped_batches_holds_the_same_bytes(tmp_path):
 def test_a_shipped_batch_is_weighed_by_its_keys_and_values(tmp_path):
     """The sender caps each ReplicaApply by this weight. An append ships its item, not the list (the whole list
     per append made a backup behind on a long list unable to catch up: each message held few batches)."""
-    from rockstate.cluster.replication.primary import stored_bytes
+    from rockstate.store.writes import stored_bytes
 
     store = Store(str(tmp_path / "primary"), StoreConfig(partitions=1))
     store.define_state(StateSpec("journal", "list"))
     store.define_state(StateSpec("orders", "value"))
     part = store.partition(0)
     shipped = []
-    part.shipper = lambda pid, seq, stored: shipped.append(stored)
+    part.shipper = lambda pid, seq, stored, size: shipped.append(stored)
     entry = b'{"n": 1, "at": "2026-11-23T15:00:00Z"}'
     for _ in range(500):
         part.write([(APPEND, "journal", b"writer-0", entry)])

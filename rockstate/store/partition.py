@@ -47,7 +47,7 @@ class Partition:
         self.pid = pid
         self.lock = threading.RLock()
         self._recording: list | None = None
-        self.shipper: Callable[[int, int, list], None] | None = None  # (pid, seq, stored ops): a primary's backups
+        self.shipper: Callable[[int, int, list, int | None], None] | None = None  # (pid, seq, stored ops, their size): a primary's backups
         self.backup = False  # a backup's copy: written only by its primary's batches
         self._specs = specs  # the store's catalog, shared: states defined later appear here
         self._seq: int | None = None  # read on first use
@@ -136,12 +136,12 @@ class Partition:
         batch.put(self.prefix + SEQ_KEY, SEQ.pack(seq), self._handles[REPLICATION])  # not shipped: a backup stores its own
         return lambda: self.committed(ops, seq, stored)
 
-    def committed(self, ops: Sequence[Op], seq: int | None = None, stored: list | None = None) -> None:
+    def committed(self, ops: Sequence[Op], seq: int | None = None, stored: list | None = None, size: int | None = None) -> None:
         """Staged ``ops`` are written (under the lock): a replicated partition's batch ``seq`` goes to its backups
-        as ``stored``, and a move in progress records the ops."""
+        as ``stored`` (``size``: its ``stored_bytes``, when the caller knows it), and a move in progress records the ops."""
         if seq is not None:
             self._seq = seq
-            self.shipper(self.pid, seq, stored)  # type: ignore[misc, arg-type]  # a seq is staged (with its stored ops) only while shipped
+            self.shipper(self.pid, seq, stored, size)  # type: ignore[misc, arg-type]  # a seq is staged (with its stored ops) only while shipped
         if self._recording is not None:
             self._recording.extend(ops)
 

@@ -18,7 +18,7 @@ from rocksdict import WriteBatch
 from ..ops import PUT, PUT_MANY, RAW_PUT, RAW_PUT_MANY
 from . import requests
 from .partition import REPLICATION, SEQ, SEQ_KEY, Partition
-from .writes import each
+from .writes import each, put_piece_bytes
 
 
 def stage_puts(parts: Sequence[Partition], groups: Sequence, request: bytes | None,
@@ -26,14 +26,18 @@ def stage_puts(parts: Sequence[Partition], groups: Sequence, request: bytes | No
     """``groups`` ([pid, ops] of distinct partitions, ``parts`` theirs, their locks held) into ``batch`` when each
     is one PUT_MANY of a plain state: which apply (a request id seen before leaves its piece out), and what to do
     once ``batch`` is written. None for any other shape."""
-    handles = []
+    handles: list = []
+    kinds: dict[str, tuple] = {}
     for part, (_, ops) in zip(parts, groups):
         if len(ops) != 1 or ops[0][0] != PUT_MANY:
             return None
-        handle, ttl, listed = part.state_kind(ops[0][1])
-        if ttl or listed:
-            return None
-        handles.append(handle)
+        state = ops[0][1]
+        kind = kinds.get(state)
+        if kind is None:  # the same for every partition of the store (one column family a state)
+            kind = kinds[state] = part.state_kind(state)
+            if kind[1] or kind[2]:  # a TTL, or list values
+                return None
+        handles.append(kind[0])
     if request is None:
         fresh = [True] * len(parts)
     else:
@@ -60,5 +64,7 @@ def stage_puts(parts: Sequence[Partition], groups: Sequence, request: bytes | No
     def written() -> None:
         for part, (_, ops) in zip(parts, groups):
             _, state, piece_keys, piece_values = ops[0]
-            part.committed([*ops, *recorded], seqs.get(part), [(RAW_PUT_MANY, state, piece_keys, piece_values), *shipped])
+            seq = seqs.get(part)
+            part.committed([*ops, *recorded], seq, [(RAW_PUT_MANY, state, piece_keys, piece_values), *shipped],
+                           seq and put_piece_bytes(piece_keys, piece_values, request, requests.WRITTEN))
     return fresh, written

@@ -35,7 +35,7 @@ from ..errors import (
 from ..files import read_json, write_json
 from . import requests
 from .catalog import StateSpec, unknown_state
-from .checks import check_compare_and_set, check_ops
+from .checks import check_compare_and_set, check_ops, check_put_pieces
 from .keygroups import NodeDB, is_rocksdb
 from .many import holding
 from .partition import Partition
@@ -227,6 +227,8 @@ class Store:
 
     def check_ops(self, groups: list) -> None:
         """Every group's ops, as received over the wire: shape, states, and the key and value size limits."""
+        if check_put_pieces(groups, self.specs, self.config.max_key_bytes, self.config.max_value_bytes):
+            return  # a batch put's pieces, all at once
         for pid, ops in groups:
             check_ops(ops, self.specs, f"partition {pid}", self.config.max_key_bytes, self.config.max_value_bytes)
 

@@ -46,6 +46,38 @@ def prefix_end(prefix: bytes) -> bytes | None:
     return trimmed[:-1] + bytes([trimmed[-1] + 1])
 
 
+STORED_OP_BYTES = 180  # what a stored op's tuple and its slot weigh in memory
+STORED_ITEM_BYTES = 48  # a key's or value's bytes object and its list slot, beside its length
+
+
+def stored_bytes(stored: list) -> int:
+    """Roughly what a stored batch weighs in memory, kept in a replica's log or tail: its keys and values, and
+    Python's own per object (a bytes object and its list slot per key or value; a tuple per op); within a few
+    percent of tracemalloc's count for batches of 1 to 280 keys. On the wire it weighs less."""
+    size = STORED_OP_BYTES * len(stored)
+    for op in stored:  # run per batch on both replicas: type checks, not isinstance, and no slice (3.3 -> 2.3 µs)
+        for part in (op[2], op[3]):
+            kind = type(part)
+            if kind is bytes:
+                size += len(part)
+            elif kind is list or kind is tuple:
+                try:  # a C loop: a generator per key was 2 % of a node's put time at P=271
+                    size += sum(map(len, part)) + STORED_ITEM_BYTES * len(part)
+                except TypeError:
+                    size += sum(len(x) for x in part if x is not None) + STORED_ITEM_BYTES * len(part)
+            elif part is not None:
+                size += len(part)
+    return size
+
+
+def put_piece_bytes(keys: list, values: list, request: bytes | None, written: bytes) -> int:
+    """``stored_bytes`` of a batch put's piece as shipped, [RAW_PUT_MANY of ``keys`` and ``values``] and, with a
+    ``request`` id, its record's RAW_PUT (value ``written``), its shape known: the generic walk was 2 % of a node's
+    puts at P=1024. TypeError: a key or value without a length."""
+    size = STORED_OP_BYTES + sum(map(len, keys)) + sum(map(len, values)) + 2 * STORED_ITEM_BYTES * len(keys)
+    return size if request is None else size + STORED_OP_BYTES + len(request) + len(written)
+
+
 def each(call: Callable[..., object], *columns: Iterable[Any]) -> None:
     """``call`` on each row of the columns, in a C loop: rocksdict's WriteBatch has no bulk put, and a Python
     loop's own work was a fifth of 1,000 puts' time (218 -> 173 µs)."""

@@ -19,6 +19,7 @@ from ...errors import ProtocolError, ReplicaBehindError, RockstateError, StaleEp
 from ...store import Store
 from ...store.many import ReplicatedWrites, holding
 from ...store.requests import WRITTEN
+from ...store.writes import put_piece_bytes, stored_bytes
 from .. import protocol as p
 from .outcomes import Applied
 from .runs import stored_piece
@@ -26,26 +27,6 @@ from .runs import stored_piece
 TAIL = 64  # batches every replica keeps past what its backups applied: a promoted one resends its tail from them
 INLINE_ITEMS = 64  # a backup applies up to this many on its loop, more in a thread
 Kept = tuple[int, list, int]  # a batch a replica keeps: (seq, stored ops, ``stored_bytes``)
-
-
-def stored_bytes(stored: list) -> int:
-    """Roughly what a stored batch weighs in memory, kept in a replica's log or tail: its keys and values, and
-    Python's own per object (a bytes object and its list slot per key or value, ~48 bytes; a tuple per op); within
-    a few percent of tracemalloc's count for batches of 1 to 280 keys. On the wire it weighs less."""
-    size = 180 * len(stored)
-    for op in stored:  # run per batch on both replicas: type checks, not isinstance, and no slice (3.3 -> 2.3 µs)
-        for part in (op[2], op[3]):
-            kind = type(part)
-            if kind is bytes:
-                size += len(part)
-            elif kind is list or kind is tuple:
-                try:  # a C loop: a generator per key was 2 % of a node's put time at P=271
-                    size += sum(map(len, part)) + 48 * len(part)
-                except TypeError:
-                    size += sum(len(x) for x in part if x is not None) + 48 * len(part)
-            elif part is not None:
-                size += len(part)
-    return size
 
 
 class Backups:
@@ -205,12 +186,10 @@ class Backups:
             return
         except TypeError as e:  # a key that is not bytes: the message fails whole, nothing of it written
             raise ProtocolError(f"a run of batches of partitions {taken_pids[:8]} in a 'replica_apply' message: {e}") from None
-        extra = 180 + (180 + len(request) + len(WRITTEN) if request is not None else 0)
         for i in taken:
             stored = piece(i)  # kept as the item it stands for, weighed as ``stored_bytes`` would (its shape is known)
-            keys_i, values_i = stored[0][2], stored[0][3]
             try:
-                size = extra + sum(map(len, keys_i)) + sum(map(len, values_i)) + 96 * len(keys_i)
+                size = put_piece_bytes(stored[0][2], stored[0][3], request, WRITTEN)
             except TypeError:  # a value that is not bytes: the write fails it (the message whole)
                 size = 0
             self._keep(pids[i], seqs[i], stored, size)

@@ -34,7 +34,8 @@ from ...errors import PartitionUnavailableError, RockstateError
 from ...ops import RAW_PUT
 from ...store import Store
 from ...store.partition import REPLICATION, Partition
-from .backup import TAIL, Kept, stored_bytes
+from ...store.writes import stored_bytes
+from .backup import TAIL, Kept
 from .outcomes import Applied, Report
 from .runs import Runs
 from .waits import Wait
@@ -189,12 +190,14 @@ class Primaries:
 
     # -- the write path ------------------------------------------------------------------
 
-    def shipped(self, pid: int, seq: int, stored: list) -> None:
-        """``Partition.shipper``: from ``Partition.write``, under the partition's lock (on any thread)."""
+    def shipped(self, pid: int, seq: int, stored: list, size: int | None = None) -> None:
+        """``Partition.shipper``: from ``Partition.write``, under the partition's lock (on any thread); ``size``: the
+        batch's ``stored_bytes``, when the caller knows it."""
         entries = self._logs.get(pid)
         if entries is None:
             return  # it stopped being the primary as this write went through
-        size = stored_bytes(stored)
+        if size is None:
+            size = stored_bytes(stored)
         entries.append((seq, stored, size))
         self._log_added[pid] = self._log_added.get(pid, 0) + size  # get: a step-down may have just dropped it
         self._shipped_to[pid] = seq
