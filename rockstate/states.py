@@ -63,6 +63,8 @@ class Backend(Protocol):
     def write(self, ops_by_pid: dict[int, list["Op"]]) -> None: ...
     def get_many(self, state: str, keys_by_pid: dict[int, list[bytes]]) -> dict[int, list[bytes | None]]: ...
     def read_runs(self, state: str, pids: list[int], counts: list[int], keys: list[bytes]) -> list[bytes | None]: ...  # runs.py
+    def write_runs(self, op: int, state: str, pids: list[int], counts: list[int], keys: list[bytes],
+                   values: list[bytes] | None) -> None: ...  # runs.py
     def scan(self, state: str, pid: int, prefix: bytes, after: bytes | None, limit: int) -> list[tuple[bytes, bytes]]: ...
     def scan_many(self, state: str, pages_by_pid: dict[int, tuple]) -> dict[int, tuple[list[bytes], list[bytes]]]: ...  # (prefix, after, stop, limit) -> (keys, values)
     def count(self, state: str) -> int: ...
@@ -263,12 +265,11 @@ class ValueState(_State):
         if len(groups) == 1:  # one partition: the columns as they are
             self._write({groups[0][0]: [(op, self.name, encoded, values)]})
             return
-        # keys and values put in partition order once, then cut: a gather per group took 28 % more at P=1024
+        # keys and values put in partition order once, and sent as runs (columns, runs.py), not a group each
         idx = order.tolist()
-        keys_in_order = list(map(encoded.__getitem__, idx))
-        values_in_order = None if values is None else list(map(values.__getitem__, idx))
-        self._write({pid: [(op, self.name, keys_in_order[a:b], values_in_order and values_in_order[a:b])]
-                     for pid, a, b in groups})
+        self._writing()
+        self._backend.write_runs(op, self.name, [pid for pid, _, _ in groups], [b - a for _, a, b in groups],
+                                 list(map(encoded.__getitem__, idx)), None if values is None else list(map(values.__getitem__, idx)))
 
     def keys(self) -> Iterator[Any]:
         for k, _ in self._scan():

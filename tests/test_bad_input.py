@@ -601,6 +601,16 @@ def _wrong_fields(epoch: int, pid: int) -> dict:
         "read keys not a list": (p.Read(epoch=epoch, state="raw-target", pids=[pid], counts=[3], keys="abc"),
                                  "field 'keys' of 'read' message must be list"),
         "read keys as ints": (p.Read(epoch=epoch, state="raw-target", pids=[pid], counts=[2], keys=[1, 2]), "keys and values are bytes"),
+        "runs counts not adding up": (p.WriteRuns(epoch=epoch, state="raw-target", pids=[pid], counts=[2], keys=[k], values=[b"v"]),
+                                      "adding up"),
+        "runs with fewer values than keys": (p.WriteRuns(epoch=epoch, state="raw-target", pids=[pid], counts=[2], keys=[k, k],
+                                                         values=[b"v"]), "a value per key or none"),
+        "runs values not a list": (p.WriteRuns(epoch=epoch, state="raw-target", pids=[pid], counts=[1], keys=[k], values="v"),
+                                   "field 'values' of 'write_runs' message must be list"),
+        "runs keys as ints": (p.WriteRuns(epoch=epoch, state="raw-target", pids=[pid], counts=[2], keys=[1, 2], values=[b"v", b"v"]),
+                              "keys and values are bytes"),
+        "runs values as str": (p.WriteRuns(epoch=epoch, state="raw-target", pids=[pid], counts=[1], keys=[k], values=["v"]),
+                               "keys and values are bytes"),
     }
 
 
@@ -624,6 +634,11 @@ def test_wrong_field_type_raw(cluster, rs, case):
         if isinstance(msg, p.Write) and isinstance(msg.groups, list) and case not in CHECKED_AS_APPLIED:
             # a valid group before the bad one: it must not be applied either
             msg.groups.insert(0, [a, [[PUT, "raw-target", key, b"\x01"]]])
+        if isinstance(msg, p.WriteRuns) and isinstance(msg.values, list) and len(msg.values) == len(msg.keys):
+            msg.pids.insert(0, a)  # a valid run before the bad one: it must not be applied either
+            msg.counts.insert(0, 1)
+            msg.keys.insert(0, key)
+            msg.values.insert(0, b"\x01")
         with pytest.raises(ProtocolError) as info:
             channel.call(msg)
         err = info.value

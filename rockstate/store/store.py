@@ -242,6 +242,8 @@ class Store:
 
     def write_all(self, groups: list, request: bytes | None = None) -> list[bool]:
         """``write_groups`` of ops made here (the embedded backend's): not checked again."""
+        if not groups:
+            return []
         parts = [self.partition(pid) for pid, _ in groups]
         locks = sorted({part.pid: part for part in parts}.values(), key=lambda part: part.pid)
         if len(locks) < len(parts) or len(parts) == 1:  # one partition (or one twice: each group its own write)

@@ -14,6 +14,7 @@ twice nor overwrites a later write.
 
 from __future__ import annotations
 
+import logging
 from ssl import SSLContext
 import threading
 from typing import Any, Callable, Iterable, cast
@@ -23,9 +24,9 @@ import numpy as np
 from ...api import Rockstate
 from ...checkpoint.manifest import checksum_file
 from ...errors import (ClusterTimeoutError, ConnectionLostError, PartitionUnavailableError, ProtocolError, RockstateError,
-                       StoreClosedError)
+                       StoreClosedError, UnknownOperationError)
 from ...retry import Retry
-from ...runs import get_many_as_runs, objects
+from ...runs import get_many_as_runs, groups_of_runs, objects
 from ...rpc.client import Channel, call_many
 from ...rpc.messages import Message
 from ...states import Checkpointer
@@ -37,6 +38,8 @@ from .events import Subscription
 from ..leader_channel import CoordinatorChannel
 from ..security import load_secret
 from ..table import Table
+
+log = logging.getLogger(__name__)
 
 
 class ClusterBackend:
@@ -53,6 +56,7 @@ class ClusterBackend:
         self.address = address
         self.retry_timeout = retry_timeout
         self.read_from_backup = read_from_backup
+        self._runs_written = True  # batch puts as ``WriteRuns`` (False: a node of an earlier version refused one)
         self.retry = Retry(deadline=retry_timeout)
         self._timeout = timeout
         self._secret = load_secret(None) if secret is None else secret
@@ -170,8 +174,30 @@ class ClusterBackend:
         return StateSpec.from_dict(self._ask(p.DefineState(spec=spec.to_dict(), create=create)))
 
     def write(self, ops_by_pid: dict[int, list]) -> None:
-        request = requests.new_id()
+        self._write_groups(ops_by_pid, requests.new_id())
+
+    def _write_groups(self, ops_by_pid: dict[int, list], request: bytes) -> None:
         self._routed(ops_by_pid, lambda epoch, groups: p.Write(epoch=epoch, groups=groups, request=request))
+
+    def write_runs(self, op: int, state: str, pids: list[int], counts: list[int], keys: list[bytes],
+                   values: list[bytes] | None) -> None:
+        """``runs.py``: each owner's runs in one ``WriteRuns`` (all owners at once), as columns, applied once per
+        request id; what failed retried. A node of an earlier version refuses the message: the runs go as ``Write``
+        groups from then on, with the same request id (a run it or another node applied is not applied again)."""
+        request = requests.new_id()
+        if self._runs_written:
+            def write(epoch: int, runs: list[int], at: list[int] | None) -> p.WriteRuns:
+                return p.WriteRuns(epoch=epoch, state=state, pids=[pids[r] for r in runs], counts=[counts[r] for r in runs],
+                                   keys=keys if at is None else list(map(keys.__getitem__, at)),
+                                   values=values if values is None or at is None else list(map(values.__getitem__, at)),
+                                   request=request)
+            try:
+                self._routed_runs(pids, counts, write, lambda runs, at, answer: None)
+                return
+            except UnknownOperationError as e:
+                log.warning("a node refused runs of a batch put (%s): batch puts go as a group per partition from now on", e)
+                self._runs_written = False
+        self._write_groups(groups_of_runs(op, state, pids, counts, keys, values), request)
 
     def get_many(self, state: str, keys_by_pid: dict[int, list[bytes]]) -> dict[int, list[bytes | None]]:
         return get_many_as_runs(self.read_runs, state, keys_by_pid)
@@ -190,36 +216,48 @@ class ClusterBackend:
         if len(pids) == 1:  # one partition (a one-key get): no grouping by owner
             return self._on_owner(pids[0], lambda channel, epoch: _values(channel.call(read(epoch, [0], None)), len(keys)),
                                   address_of)
-        run_of_key = np.repeat(np.arange(len(pids)), counts)
         values = np.empty(len(keys), dtype=object)
+
+        def take(runs: list[int], at: list[int] | None, answer: Any) -> None:
+            values[slice(None) if at is None else at] = objects(_values(answer, len(keys) if at is None else len(at)))
+
+        self._routed_runs(pids, counts, read, take, address_of)
+        return values.tolist()
+
+    def _routed_runs(self, pids: list[int], counts: list[int], make: Callable[[int, list[int], list[int] | None], Message],
+                     take: Callable[[list[int], list[int] | None, Any], None],
+                     address_of: Callable[[Table, int], str | None] = Table.owner_address) -> None:
+        """Runs of keys (``runs.py``) to their partitions' owners (or ``address_of``), each owner's in one request,
+        ``make(table epoch, its runs, the indices of their keys or None for all)``, all owners at once; ``take(runs,
+        at, answer)`` for each answered; what failed retried, the table refreshed."""
+        run_of_key = np.repeat(np.arange(len(pids)), counts)
         pending = set(range(len(pids)))
 
-        def attempt() -> list:
+        def attempt() -> None:
             table = self.table
             by_owner, last_error = _by_owner(table, sorted(pending), pids.__getitem__, address_of)
             calls, at_of = [], []
             for address, runs in by_owner.items():
-                if len(runs) == len(pids):  # the whole read to one owner (a Spark task's): the keys as they are
+                if len(runs) == len(pids):  # all to one owner (a Spark task's): the keys as they are
                     at = None
                 else:
                     chosen = np.zeros(len(pids), dtype=bool)
                     chosen[runs] = True
                     at = np.flatnonzero(chosen[run_of_key]).tolist()
                 at_of.append((runs, at))
-                calls.append((self._channel(address), read(table.epoch, runs, at)))
+                calls.append((self._channel(address), make(table.epoch, runs, at)))
             for (runs, at), answer in zip(at_of, self._call_all(calls)):
                 if isinstance(answer, RockstateError):
                     if not answer.retryable:
                         raise answer
                     last_error = answer
                     continue
-                values[slice(None) if at is None else at] = objects(_values(answer, len(keys) if at is None else len(at)))
+                take(runs, at, answer)
                 pending.difference_update(runs)
             if pending:
                 raise cast(RockstateError, last_error)  # set: a run stays pending only after an error
-            return values.tolist()
 
-        return self._retried(attempt, lambda: sorted({pids[r] for r in pending}))
+        self._retried(attempt, lambda: sorted({pids[r] for r in pending}))
 
     def compare_and_set(self, state: str, pid: int, key: bytes, expected: bytes | None, new: bytes) -> bool:
         """Atomically on the partition's owner; answers whether it applied.

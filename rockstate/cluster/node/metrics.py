@@ -35,7 +35,7 @@ from ..security import Security
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
 # the requests clients send: the status page's throughput and latency (a move's or a checkpoint's steps would
 # swamp a quiet node's latency with seconds-long requests that no client waits for)
-CLIENT_OPS = frozenset(m.op for m in (p.Write, p.CompareAndSet, p.Read, p.Scan, p.ScanMany, p.Stage, p.StageDone,
+CLIENT_OPS = frozenset(m.op for m in (p.Write, p.WriteRuns, p.CompareAndSet, p.Read, p.Scan, p.ScanMany, p.Stage, p.StageDone,
                                       p.AdvanceBatches, p.FinishTask, p.Seal))
 
 # RocksDB integer properties, summed over the node's RocksDB's states (column families)

@@ -86,7 +86,7 @@ class Node:
         self.handlers = self._handlers()
         self.security = Security.from_config(config.security)
         self.server = Server(self.metrics.timed(self.handlers), config.host, config.port, name="node",
-                             inline=(p.Read, p.Write, p.Scan, p.ScanMany, p.ReplicaApply),  # a backup applies on its loop
+                             inline=(p.Read, p.Write, p.WriteRuns, p.Scan, p.ScanMany, p.ReplicaApply),  # a backup applies on its loop
                              ssl=self.security.server_ssl, secret=self.security.secret)
         self.coordinator = AsyncCoordinatorChannel(config.coordinator, lambda address: self._peer(address, timeout=30.0))
         self._heartbeat: asyncio.Task | None = None
@@ -102,6 +102,7 @@ class Node:
         return {
             # data (serving.py)
             p.Write: data.write,
+            p.WriteRuns: data.write_runs,
             p.CompareAndSet: data.compare_and_set,
             p.Read: data.read,
             p.Scan: data.scan,

@@ -10,7 +10,7 @@ so nothing answered, written or read, is lost with the primary.
 from __future__ import annotations
 
 import asyncio
-
+from itertools import accumulate
 from typing import Awaitable, Callable, Iterable, Protocol, TypeVar
 
 from ...errors import ProtocolError
@@ -50,8 +50,18 @@ class DataHandlers:
         return [(pid, body) for pid, (_, body) in zip(pids, msg.groups)]
 
     async def write(self, msg: p.Write, conn: object) -> None:
-        groups = await self._writable(msg)
-        for (_, ops), applied in zip(groups, self._store().write_groups(groups, msg.request)):
+        await self._write(await self._writable(msg), msg.request)
+
+    async def write_runs(self, msg: p.WriteRuns, conn: object) -> None:
+        """A ``WriteRuns``: each run the ``Write`` group it stands for."""
+        op, values = (PUT_MANY, msg.values) if msg.values is not None else (DELETE_MANY, None)
+        ends = list(accumulate(msg.counts))
+        pids = await self.gate.writable(msg.pids, msg.epoch)
+        await self._write([(pid, [[op, msg.state, msg.keys[a:b], values and values[a:b]]])
+                           for pid, a, b in zip(pids, [0, *ends], ends)], msg.request)
+
+    async def _write(self, groups: list, request: bytes | None) -> None:
+        for (_, ops), applied in zip(groups, self._store().write_groups(groups, request)):
             if applied:
                 self.figures.keys_written += sum(len(op[2]) if op[0] in (PUT_MANY, DELETE_MANY) else 1 for op in ops)
         await self.acknowledged([pid for pid, _ in groups])

@@ -32,12 +32,41 @@ class Read(Message):
     backup: bool = False  # served by a backup (``read_from_backup``): may miss the latest writes
 
     def received(self) -> None:
-        if len(self.pids) != len(self.counts) or not set(map(type, self.pids)) <= {int} \
-                or not set(map(type, self.counts)) <= {int} or (self.counts and min(self.counts) < 1) \
-                or sum(self.counts) != len(self.keys):
-            raise ProtocolError(f"a 'read' message has a partition and a count (>= 1) per run of keys, counts adding up "
-                                f"to its {len(self.keys)} keys; not pids {self.pids!r:.80} and counts {self.counts!r:.80}",
-                                op=self.op, field="counts")
+        _check_runs(self)
+
+
+class WriteRuns(Message):
+    """Batch puts (``values``, one per key) or deletes (``values`` None) of one state to several partitions of one
+    owner, as columns, as ``Read`` reads them: ``keys`` in runs, run i ``counts[i]`` keys of partition ``pids[i]``.
+    Each run is what the ``Write`` group ``[pid, [[PUT_MANY or DELETE_MANY, state, keys, values]]]`` is: atomic,
+    and applied once per ``request`` id. Columns, not a group per partition: a 5,000-key put at P=1024 reaches ~340
+    partitions of a node, each a list of lists the client built and kept for the call (its garbage collector walked
+    them: ~30 % of the client's CPU for such a put)."""
+
+    op = "write_runs"
+    epoch: int
+    state: str
+    pids: list
+    counts: list
+    keys: list
+    values: list | None = None
+    request: bytes | None = None
+
+    def received(self) -> None:
+        _check_runs(self)
+        if self.values is not None and len(self.values) != len(self.keys):
+            raise ProtocolError(f"a 'write_runs' message has a value per key or none; not {len(self.values)} values for "
+                                f"its {len(self.keys)} keys", op=self.op, field="values")
+
+
+def _check_runs(msg: Read | WriteRuns) -> None:
+    """A partition and a count (>= 1) per run of keys, the counts adding up to the keys."""
+    if len(msg.pids) != len(msg.counts) or not set(map(type, msg.pids)) <= {int} \
+            or not set(map(type, msg.counts)) <= {int} or (msg.counts and min(msg.counts) < 1) \
+            or sum(msg.counts) != len(msg.keys):
+        raise ProtocolError(f"a {msg.op!r} message has a partition and a count (>= 1) per run of keys, counts adding up "
+                            f"to its {len(msg.keys)} keys; not pids {msg.pids!r:.80} and counts {msg.counts!r:.80}",
+                            op=msg.op, field="counts")
 
 
 class CompareAndSet(Message):

@@ -35,7 +35,7 @@ ROLES: dict[type[Message], frozenset[str]] = {
     # the coordinator: administrators only
     c.RestoreCluster: ADMINS,
     # a node: data
-    d.Write: CLIENTS, d.Read: CLIENTS, d.CompareAndSet: CLIENTS, d.Scan: CLIENTS, d.ScanMany: CLIENTS,
+    d.Write: CLIENTS, d.WriteRuns: CLIENTS, d.Read: CLIENTS, d.CompareAndSet: CLIENTS, d.Scan: CLIENTS, d.ScanMany: CLIENTS,
     d.Stage: CLIENTS, d.StageDone: CLIENTS, d.AdvanceBatches: CLIENTS, d.FinishTask: CLIENTS, d.Seal: CLIENTS,
     n.IngestChunk: CLIENTS, n.IngestSst: CLIENTS, n.IngestAbort: CLIENTS,
     # a node: from the coordinator and other nodes only
