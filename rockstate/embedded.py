@@ -9,7 +9,8 @@ from .api import Rockstate
 from .config import CheckpointConfig, StoreConfig, load, validate
 from .errors import RockstateError
 from .files import read_json
-from .runs import get_many_as_runs, groups_of_runs
+from .ops import run_groups
+from .runs import get_many_as_runs
 from .store import StateSpec, Store
 
 
@@ -34,7 +35,7 @@ class EmbeddedBackend:
         self.store.write_all(list(ops_by_pid.items()))
 
     def write_runs(self, op, state, pids, counts, keys, values):
-        self.store.write_all(list(groups_of_runs(op, state, pids, counts, keys, values).items()))
+        self.store.write_all(run_groups(op, state, pids, counts, keys, values))
 
     def get_many(self, state, keys_by_pid):
         return get_many_as_runs(self.read_runs, state, keys_by_pid)

@@ -17,3 +17,14 @@ PUT, DELETE, APPEND, DELETE_PREFIX, PUT_MANY, DELETE_MANY, RAW_PUT, DELETE_RANGE
 # Only in the replication stream (a primary's batches as stored, for its backups): clients may not send it.
 RAW_PUT_MANY = 8
 Op = Sequence  # (op, state, key, value)
+
+
+def run_groups(op: int, state: str, pids: Sequence[int], counts: Sequence[int], keys: list,
+               values: list | None) -> list[tuple[int, list]]:
+    """Runs of keys (run i ``counts[i]`` keys of partition ``pids[i]``, ``values`` one per key or None) as the
+    partitions' groups ``(pid, [(op, state, keys, values)])``, in run order: what a ``WriteRuns`` stands for."""
+    groups, at = [], 0
+    for pid, count in zip(pids, counts):
+        groups.append((pid, [(op, state, keys[at:at + count], None if values is None else values[at:at + count])]))
+        at += count
+    return groups

@@ -5,7 +5,7 @@ A backend's ``read_runs(state, pids, counts, keys)`` answers the values of ``key
 read at P=1024 reaches ~1,000 partitions, ~340 a node, and a list per partition on each side of the wire was
 most of what the read cost beyond RocksDB's own. Its ``write_runs(op, state, pids, counts, keys, values)`` puts
 (PUT_MANY, a value per key) or deletes (DELETE_MANY, values None) keys taken so: each run is the partition's
-group ``[(op, state, keys, values)]`` (``groups_of_runs``), and a list per partition kept for the call made the
+group ``[(op, state, keys, values)]`` (``ops.run_groups``), and a list per partition kept for the call made the
 writer's garbage collector walk them.
 """
 
@@ -17,16 +17,6 @@ from typing import Callable, Sequence
 import numpy as np
 
 ReadRuns = Callable[[str, list, list, list], list]  # a backend's read_runs(state, pids, counts, keys)
-
-
-def groups_of_runs(op: int, state: str, pids: Sequence[int], counts: Sequence[int], keys: list,
-                   values: list | None) -> dict[int, list]:
-    """The runs of a ``write_runs`` as the partitions' groups of a backend's ``write`` ({pid: [op]}, in run order)."""
-    groups, at = {}, 0
-    for pid, count in zip(pids, counts):
-        groups[pid] = [(op, state, keys[at:at + count], None if values is None else values[at:at + count])]
-        at += count
-    return groups
 
 
 def group_by_partition(pids: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int]]]:

@@ -26,7 +26,8 @@ from ...checkpoint.manifest import checksum_file
 from ...errors import (ClusterTimeoutError, ConnectionLostError, PartitionUnavailableError, ProtocolError, RockstateError,
                        StoreClosedError, UnknownOperationError)
 from ...retry import Retry
-from ...runs import get_many_as_runs, groups_of_runs, objects
+from ...ops import run_groups
+from ...runs import get_many_as_runs, objects
 from ...rpc.client import Channel, call_many
 from ...rpc.messages import Message
 from ...states import Checkpointer
@@ -197,7 +198,7 @@ class ClusterBackend:
             except UnknownOperationError as e:
                 log.warning("a node refused runs of a batch put (%s): batch puts go as a group per partition from now on", e)
                 self._runs_written = False
-        self._write_groups(groups_of_runs(op, state, pids, counts, keys, values), request)
+        self._write_groups(dict(run_groups(op, state, pids, counts, keys, values)), request)
 
     def get_many(self, state: str, keys_by_pid: dict[int, list[bytes]]) -> dict[int, list[bytes | None]]:
         return get_many_as_runs(self.read_runs, state, keys_by_pid)

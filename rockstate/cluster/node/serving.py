@@ -10,11 +10,11 @@ so nothing answered, written or read, is lost with the primary.
 from __future__ import annotations
 
 import asyncio
-from itertools import accumulate
+
 from typing import Awaitable, Callable, Iterable, Protocol, TypeVar
 
 from ...errors import ProtocolError
-from ...ops import DELETE_MANY, PUT_MANY
+from ...ops import DELETE_MANY, PUT_MANY, run_groups
 from ...store import StateSpec, Store, staging
 from ...store.store import not_bytes
 from .. import protocol as p
@@ -54,11 +54,9 @@ class DataHandlers:
 
     async def write_runs(self, msg: p.WriteRuns, conn: object) -> None:
         """A ``WriteRuns``: each run the ``Write`` group it stands for."""
-        op, values = (PUT_MANY, msg.values) if msg.values is not None else (DELETE_MANY, None)
-        ends = list(accumulate(msg.counts))
         pids = await self.gate.writable(msg.pids, msg.epoch)
-        await self._write([(pid, [[op, msg.state, msg.keys[a:b], values and values[a:b]]])
-                           for pid, a, b in zip(pids, [0, *ends], ends)], msg.request)
+        op = PUT_MANY if msg.values is not None else DELETE_MANY
+        await self._write(run_groups(op, msg.state, pids, msg.counts, msg.keys, msg.values), msg.request)
 
     async def _write(self, groups: list, request: bytes | None) -> None:
         for (_, ops), applied in zip(groups, self._store().write_groups(groups, request)):
