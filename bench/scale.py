@@ -19,7 +19,10 @@ string keys with 100-byte values, written and read in batches of 5,000:
   loop in a process of its own meanwhile (``testing.idle_loop``): what the machine alone cost a loop, which on
   this shared machine stalls every process at once now and then.
 
-Each with its ratio to the smallest configuration (goal, issue 33: throughput >= 0.8x, times <= 2x).
+Each with its ratio to the smallest configuration (goal, issue 33: throughput >= 0.8x, times <= 2x). Beside the P
+curve, the same puts with ``backup_count=0`` (what replication's per-partition work adds as P grows); beside the
+node curve, the same node processes started at P=16 (their own start, which on 2 cores grows with their number
+whatever the partitions do) and P=1024's start-up above it.
 The floor: embedded (``rockstate.open``, one process, no network, no backups) put/get of the same
 keys at the same P. ``--nodes 3,8,16`` adds the node-count curve at P=1024 (start-up, put, get,
 checkpoint, kill, join, leave, at rest, loop lag); ``make scale`` runs it at 3, 8 and 16 nodes. Medians of one run on a shared 2-core machine: compare ratios
@@ -90,6 +93,27 @@ def worst_loop_lag(c: LocalCluster) -> tuple[float, float]:
     for name, values in worst.items():
         values += [(n.get("figures") or {}).get(name) or 0.0 for n in doc["nodes"] if n["status"] == "alive"]
     return max(worst["loop_lag_max_seconds"]), max(worst["gc_pause_max_seconds"])
+
+
+def started(root: str, partitions: int, nodes: int, keys: list | None = None, backup_count: int | None = None) -> dict:
+    """A cluster's start-up alone, seconds, and with ``keys`` its batch put keys/s: the references beside each row
+    (the same processes at P=16, where their own start is most of it; the same puts without backups)."""
+    path = os.path.join(root, f"ref-p{partitions}-n{nodes}-b{backup_count}")
+    c = PatientCluster(nodes=nodes, partitions=partitions, root=path, heartbeat_timeout=HEARTBEAT,
+                       backup_count=backup_count, node_memory_bytes=64 << 20)
+    row: dict = {}
+    try:
+        start = time.perf_counter()
+        c.start()
+        row["start-up s"] = time.perf_counter() - start
+        if keys:
+            with c.connect(retry_timeout=120.0) as rs:
+                state = rs.value_state("scale")
+                row["put keys/s"] = _rates(lambda b: state.put_many(dict.fromkeys(b, VALUE)), _batches(keys))
+    finally:
+        c.close()
+        shutil.rmtree(path, ignore_errors=True)
+    return row
 
 
 def embedded(root: str, partitions: int, keys: list) -> tuple[float, float]:
@@ -215,11 +239,12 @@ def main() -> None:
     print(f"{args.keys:,} UUID keys, 100-byte values, batches of {BATCH:,}; 3 nodes, backup_count=1 (sync), "
           f"file checkpoints, heartbeat_timeout {HEARTBEAT:g} s", flush=True)
     try:
-        rows, floor = [], []
+        rows, floor, unreplicated = [], [], []
         for P in ps:
             row = cluster_run(root, P, 3, keys)
             print(f"P={P}: {row}", flush=True)
             rows.append((P, row))
+            unreplicated.append((P, {"put keys/s": started(root, P, 3, keys, backup_count=0)["put keys/s"]}))
             if not args.no_embedded:
                 put, get = embedded(root, P, keys)
                 floor.append((P, {"put keys/s": put, "get keys/s": get}))
@@ -227,6 +252,13 @@ def main() -> None:
             _table(f"3 nodes, backup_count=1: each measure and its ratio to P={ps[0]} (goal: keys/s >= 0.8x, seconds <= 2x)",
                    "P", rows, COLUMNS)
             _table(f"3 nodes: the coordinator at rest, the worst event-loop lag and GC pause, an idle loop's lag meanwhile (ratio to P={ps[0]})", "P", rows, AT_REST)
+        if rows:
+            base = unreplicated[0][1]["put keys/s"]
+            print_table(f"what replication costs a put as P grows: the same batches on 3 nodes with backup_count=0 and =1, "
+                        f"keys/s, each against P={ps[0]} and against each other", ["P", "put b0", "x", "put b1", "x", "b1 x b0"],
+                        [[P, u["put keys/s"], u["put keys/s"] / base, r.get("put keys/s", 0),
+                          r.get("put keys/s", 0) / rows[0][1].get("put keys/s", 1), r.get("put keys/s", 0) / u["put keys/s"]]
+                         for (P, r), (_, u) in zip(rows, unreplicated)])
         if floor:
             _table(f"the floor: embedded rockstate.open, one process, same keys and batches (ratio to P={ps[0]})",
                    "P", floor, ["put keys/s", "get keys/s"])
@@ -234,13 +266,18 @@ def main() -> None:
                         [[P, r.get("put keys/s", 0) / f["put keys/s"], r.get("get keys/s", 0) / f["get keys/s"]]
                          for (P, r), (_, f) in zip(rows, floor)])
         if args.nodes:
-            node_rows = []
+            node_rows, processes = [], []
             for n in [int(x) for x in args.nodes.split(",")]:
                 row = cluster_run(root, 1024, n, keys, leave=True)
                 print(f"nodes={n}: {row}", flush=True)
                 node_rows.append((n, row))
+                alone = started(root, 16, n)["start-up s"]
+                processes.append((n, {"processes s": alone, "above them s": row.get("start-up s", alone) - alone}))
             _table("P=1024, backup_count=1: by node count (ratio to the fewest)", "nodes", node_rows,
                    COLUMNS + ["leave->balanced s"])
+            _table("start-up by node count: the same processes at P=16 (their own start on these cores, what grows with "
+                   "them here), and P=1024's start-up above it (ratio to the fewest)", "nodes", processes,
+                   ["processes s", "above them s"])
             _table("P=1024: the coordinator at rest, the worst event-loop lag and GC pause, an idle loop's lag meanwhile, by node count", "nodes", node_rows, AT_REST)
     finally:
         shutil.rmtree(root, ignore_errors=True)

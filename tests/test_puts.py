@@ -9,7 +9,8 @@ from rockstate.ops import PUT, PUT_MANY, RAW_PUT, RAW_PUT_MANY
 from rockstate.store import StateSpec, Store, requests
 from rockstate.store.checks import check_ops, check_put_pieces
 from rockstate.store.partition import REPLICATION, SEQ_KEY
-from rockstate.store.writes import stored_bytes
+from rockstate.cluster.replication.runs import stored_piece
+from rockstate.store.writes import put_pieces_bytes, stored_bytes
 
 P = 64
 
@@ -171,3 +172,17 @@ def test_a_batch_puts_pieces_checked_at_once_refuse_what_piece_by_piece_refuses_
         assert issubclass(refused[0], (ProtocolError, SizeLimitError, UnknownStateError))
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("request_id", [None, bytes(range(16))])
+def test_a_runs_pieces_weigh_what_each_piece_as_an_item_weighs(request_id):
+    # a backup keeps each piece of a run in its partition's tail weighed from running sums; the tails' memory bound
+    # (kept_bytes) holds only if that is the weight ``stored_bytes`` gives the piece as the item it stands for
+    counts = [1, 3, 2, 5]
+    keys = [f"2026-11-28T10:00:{i:02d}|{('k' * i)}".encode() for i in range(sum(counts))]
+    values = [b"v" * (7 * i) for i in range(sum(counts))]
+    ends = [sum(counts[:i]) for i in range(len(counts) + 1)]
+    items = [stored_piece("v", request_id, keys[a:b], values[a:b]) for a, b in zip(ends, ends[1:])]
+    assert put_pieces_bytes(counts, keys, values, request_id, requests.WRITTEN) == list(map(stored_bytes, items))
+    with pytest.raises(TypeError):
+        put_pieces_bytes(counts, keys, [*values[:-1], 7], request_id, requests.WRITTEN)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import struct
 import time
 from collections import deque
-from itertools import repeat
+from itertools import accumulate, repeat
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from rocksdict import WriteBatch
@@ -76,6 +76,18 @@ def put_piece_bytes(keys: list, values: list, request: bytes | None, written: by
     puts at P=1024. TypeError: a key or value without a length."""
     size = STORED_OP_BYTES + sum(map(len, keys)) + sum(map(len, values)) + 2 * STORED_ITEM_BYTES * len(keys)
     return size if request is None else size + STORED_OP_BYTES + len(request) + len(written)
+
+
+def put_pieces_bytes(counts: list[int], keys: list, values: list, request: bytes | None, written: bytes) -> list[int]:
+    """``put_piece_bytes`` of each piece of a run (``counts[i]`` of ``keys`` and ``values`` each, in order), from
+    running sums of their lengths: C loops over the keys rather than two sums and a call per piece. TypeError: a key
+    or value without a length."""
+    key_ends = list(accumulate(map(len, keys), initial=0))
+    value_ends = list(accumulate(map(len, values), initial=0))
+    ends = list(accumulate(counts, initial=0))
+    fixed = STORED_OP_BYTES if request is None else 2 * STORED_OP_BYTES + len(request) + len(written)
+    return [fixed + key_ends[b] - key_ends[a] + value_ends[b] - value_ends[a] + 2 * STORED_ITEM_BYTES * (b - a)
+            for a, b in zip(ends, ends[1:])]
 
 
 def each(call: Callable[..., object], *columns: Iterable[Any]) -> None:

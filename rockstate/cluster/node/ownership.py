@@ -27,9 +27,10 @@ class Gate:
 
     async def writable(self, pids: list, epoch: int) -> list[int]:
         """The partitions, once none is frozen and all are ours at ``epoch``."""
-        for pid in pids:
+        frozen = self.ownership.frozen
+        for pid in pids if frozen else ():  # none frozen, the usual case: no look per partition
             deadline = time.monotonic() + FREEZE_WAIT
-            while pid in self.ownership.frozen:
+            while pid in frozen:
                 try:
                     await asyncio.wait_for(self._changed.wait(), deadline - time.monotonic())
                 except TimeoutError:

@@ -10,7 +10,7 @@ so nothing answered, written or read, is lost with the primary.
 from __future__ import annotations
 
 import asyncio
-
+from itertools import compress
 from typing import Awaitable, Callable, Iterable, Protocol, TypeVar
 
 from ...errors import ProtocolError
@@ -50,19 +50,19 @@ class DataHandlers:
         return [(pid, body) for pid, (_, body) in zip(pids, msg.groups)]
 
     async def write(self, msg: p.Write, conn: object) -> None:
-        await self._write(await self._writable(msg), msg.request)
-
-    async def write_runs(self, msg: p.WriteRuns, conn: object) -> None:
-        """A ``WriteRuns``: each run the ``Write`` group it stands for."""
-        pids = await self.gate.writable(msg.pids, msg.epoch)
-        op = PUT_MANY if msg.values is not None else DELETE_MANY
-        await self._write(run_groups(op, msg.state, pids, msg.counts, msg.keys, msg.values), msg.request)
-
-    async def _write(self, groups: list, request: bytes | None) -> None:
-        for (_, ops), applied in zip(groups, self._store().write_groups(groups, request)):
+        groups = await self._writable(msg)
+        for (_, ops), applied in zip(groups, self._store().write_groups(groups, msg.request)):
             if applied:
                 self.figures.keys_written += sum(len(op[2]) if op[0] in (PUT_MANY, DELETE_MANY) else 1 for op in ops)
         await self.acknowledged([pid for pid, _ in groups])
+
+    async def write_runs(self, msg: p.WriteRuns, conn: object) -> None:
+        """A ``WriteRuns``: each run the ``Write`` group it stands for (its keys counted by the run's count)."""
+        pids = await self.gate.writable(msg.pids, msg.epoch)
+        op = PUT_MANY if msg.values is not None else DELETE_MANY
+        applied = self._store().write_groups(run_groups(op, msg.state, pids, msg.counts, msg.keys, msg.values), msg.request)
+        self.figures.keys_written += sum(compress(msg.counts, applied))
+        await self.acknowledged(pids)
 
     async def compare_and_set(self, msg: p.CompareAndSet, conn: object) -> list:
         groups = await self._writable(msg)

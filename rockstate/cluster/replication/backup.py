@@ -19,7 +19,7 @@ from ...errors import ProtocolError, ReplicaBehindError, RockstateError, StaleEp
 from ...store import Store
 from ...store.many import ReplicatedWrites, holding
 from ...store.requests import WRITTEN
-from ...store.writes import put_piece_bytes, stored_bytes
+from ...store.writes import put_pieces_bytes, stored_bytes
 from .. import protocol as p
 from .outcomes import Applied
 from .runs import stored_piece
@@ -188,13 +188,12 @@ class Backups:
             return
         except TypeError as e:  # a key that is not bytes: the message fails whole, nothing of it written
             raise ProtocolError(f"a run of batches of partitions {taken_pids[:8]} in a 'replica_apply' message: {e}") from None
+        try:  # each kept as the item it stands for, weighed as ``stored_bytes`` would (its shape is known)
+            sizes = put_pieces_bytes(counts, keys, values, request, WRITTEN)
+        except TypeError:  # a value that is not bytes: the write fails it (the message whole)
+            sizes = [0] * len(pids)
         for i in taken:
-            stored = piece(i)  # kept as the item it stands for, weighed as ``stored_bytes`` would (its shape is known)
-            try:
-                size = put_piece_bytes(stored[0][2], stored[0][3], request, WRITTEN)
-            except TypeError:  # a value that is not bytes: the write fails it (the message whole)
-                size = 0
-            self._keep(pids[i], seqs[i], stored, size)
+            self._keep(pids[i], seqs[i], piece(i), sizes[i])
 
     async def positions(self, msg: p.ReplicaPositions, conn: object) -> dict:
         return {pid: self._applies[pid].last_applied for pid in msg.partitions if pid in self._applies}

@@ -222,8 +222,10 @@ class Primaries:
             acks = self._acks.get(pid)
             if acks is None:
                 continue
+            acked = acks.acked
             acks.sent_through(self._shipped_to[pid], now)
-            self._resolve(pid, [])  # async: acknowledged when sent
+            if acks.acked != acked:  # async, or none to wait for: acknowledged when sent
+                self._resolve(pid, [])
             for b in self._backups[pid]:
                 if b in self._wake:
                     self._dirty.setdefault(b, set()).add(pid)
