@@ -4,6 +4,7 @@ killed, every key reads back from the promoted backups."""
 
 from __future__ import annotations
 
+import datetime
 import time
 
 import pytest
@@ -70,6 +71,34 @@ def test_a_copy_asked_of_a_node_that_handed_the_partition_on_is_refused_at_once(
             channel.close()
         rs.value_state("after").put("k", "v")
         assert rs.value_state("after").get("k") == "v"
+
+
+@gen_cluster(nodes=2, partitions=PARTITIONS, backup_count=1)
+def test_a_primary_names_the_partitions_it_never_wrote_and_only_those_as_copies_of_nothing(cluster):
+    """A backup asks which partitions are copies of nothing (``ReplicaFresh``) before it fetches files: the primary
+    answers those it holds at batch 0 with no key in any state, never one written, and refuses what it does not serve."""
+    cluster.wait_replicated(60)
+    with cluster.connect() as rs:
+        table = rs.backend.refresh()
+        primary = table.owners[0]
+        mine = [pid for pid in range(PARTITIONS) if table.owners[pid] == primary]
+        written = mine[: len(mine) // 2]
+        keys = [k for k in keys_for(rs, per_partition=3) if rs.partition_of(k) in written]
+        values = {k: (datetime.datetime(2026, 11, 28, 12, i % 60), k) for i, k in enumerate(keys)}  # timestamps, strings
+        rs.value_state("fresh").put_many(values)
+        backup = table.backups_of(mine[0])[0]
+        channel = Channel(table.addresses[primary])
+        try:
+            fresh = channel.call(p.ReplicaFresh(partitions=mine, node=backup, epochs=[table.replica_epoch(pid) for pid in mine]))
+            assert sorted(fresh) == sorted(set(mine) - set(written))
+            other = next(pid for pid in range(PARTITIONS) if table.owners[pid] != primary)
+            with pytest.raises(PartitionUnavailableError):
+                channel.call(p.ReplicaFresh(partitions=[other], node=backup, epochs=[table.replica_epoch(other)]))
+            with pytest.raises(ProtocolError, match="epochs"):
+                channel.call(p.ReplicaFresh(partitions=mine, node=backup, epochs=[1]))
+        finally:
+            channel.close()
+        assert [tuple(v) for v in rs.value_state("fresh").get_many(keys)] == [values[k] for k in keys]  # served on
 
 
 @gen_cluster(nodes=2, partitions=PARTITIONS, backup_count=1)

@@ -5,10 +5,12 @@ one primary. The backup asks the primary for their copies (``ReplicaCopy``):
 the primary takes each partition's copy (a snapshot) under its write
 lock, at batch S, and from that instant ships the backup the batches after S
 (``primary.py``). A partition never written (batch 0, no key in any column
-family) needs no files: its copy is an empty store, at batch 0. Every copy's
-files come back as one stream on a connection of its own (as a move's do), so
-a start-up or a join pays one transfer per pair of nodes, not one per
-partition; the backup opens the copies (several at once) in place of whatever
+family) needs no files: the backup first asks which of them are (``ReplicaFresh``,
+a call on the nodes' kept connection; the primary takes each as a copy at batch
+0 under its write lock) and opens those empty. The other copies' files come back
+as one stream on a connection of its own (as a move's do), so a start-up or a
+join pays one transfer per pair of nodes, not one per partition, and a new
+cluster none; the backup opens the copies (several at once) in place of whatever
 it held and applies the batches from S + 1; the primary then reports each
 caught up.
 """
@@ -92,6 +94,17 @@ class ReplicaCopies:
         files = self.source.listing(name)
         return Stream({"parts": [[pid, []] for pid in served], "files": files}, self.source.chunks([(name, files)]))
 
+    async def fresh(self, msg: p.ReplicaFresh, conn: object) -> list[int]:
+        """Of the partitions, those never written, each taken as a copy at batch 0 (the others need files)."""
+        store, fresh = self._store_of(), []
+        for pid in await self._serving(msg):  # on the loop: a look and no file, each
+            part = store.partition(pid)
+            with part.lock:  # as a copy's cut: no write between the look and the backup's position
+                if part.seq() == 0 and part.empty():
+                    self._primaries.copied(msg.node, pid, 0)
+                    fresh.append(pid)
+        return fresh
+
     async def _serving(self, msg: p.ReplicaCopy) -> list[int]:
         store = self._store_of()
         pids = sorted({store.check_pid(pid) for pid in msg.partitions})
@@ -160,6 +173,18 @@ class ReplicaCopies:
             answers.update({pid: n for pid, n in copied.items() if pid in wanted})
         return answers
 
+    async def _fresh(self, source: str, pids: list[int], me: str, epochs: dict[int, int]) -> list[int]:
+        """Those of ``pids`` the primary has never written, taken there as copies at batch 0 (none from a primary
+        of an earlier version, which copies them all)."""
+        try:
+            fresh = await self._peer(source).call(
+                p.ReplicaFresh(partitions=pids, node=me, epochs=[epochs[pid] for pid in pids]), timeout=60.0)
+        except UnknownOperationError:
+            return []
+        if type(fresh) is not list or not set(fresh) <= set(pids):
+            raise ClusterError(f"the primary at {source} answered partitions never written that were not asked for: {fresh!r:.100}")
+        return fresh
+
     async def _catch_up(self, epochs: dict[int, int], source: str) -> dict[int, int]:
         store, pids = self._store_of(), sorted(epochs)
         steps = [time.perf_counter()]  # the step times, logged: where a slow catch-up waits
@@ -190,14 +215,21 @@ class ReplicaCopies:
                     got.update({pid: size // max(1, len(got)) for pid in got})
                 return got
 
-            asked = [epochs[pid] for pid in pids]
-            try:
-                await self._peer(source).stream(p.ReplicaCopyGroup(partitions=pids, node=me, epochs=asked), receive, timeout=600.0)
-            except UnknownOperationError:  # a primary of an earlier version: an export per partition
-                await self._peer(source).stream(p.ReplicaCopy(partitions=pids, node=me, epochs=asked), receive, timeout=600.0)
+            fresh = await self._fresh(source, pids, me, epochs)  # copies of nothing: no files to fetch
+            rest = [pid for pid in pids if pid not in fresh]
+            asked = [epochs[pid] for pid in rest]
+            if not rest:
+                steps.append(time.perf_counter())  # the copies are taken, and no files follow
+            else:
+                try:
+                    await self._peer(source).stream(p.ReplicaCopyGroup(partitions=rest, node=me, epochs=asked), receive, timeout=600.0)
+                except UnknownOperationError:  # a primary of an earlier version: an export per partition
+                    await self._peer(source).stream(p.ReplicaCopy(partitions=rest, node=me, epochs=asked), receive, timeout=600.0)
             steps.append(time.perf_counter())
             keep = {pid: (where.get(pid, targets[pid]), pid) for pid in got if pid not in self._cancelled}  # its exports
-            await asyncio.to_thread(store.replace_partitions, keep, None, {group: list(got)})  # (some may be cancelled)
+            empty = [pid for pid in fresh if pid not in self._cancelled]
+            await asyncio.to_thread(_open_copies, store, keep, {group: list(got)}, empty)  # (some may be cancelled)
+            got.update(dict.fromkeys(fresh, 0))
             steps.append(time.perf_counter())
             copied = {}
             for pid in got:
@@ -219,6 +251,15 @@ class ReplicaCopies:
                  "snapshots %.3f, fetch %.3f, open %.3f)", len(copied), source, sum(copied.values()),
                  sum(1 for n in copied.values() if not n), *(b - a for a, b in zip(steps, steps[1:])))
         return copied
+
+
+def _open_copies(store: Store, exports: dict, holds: dict, empty: list[int]) -> None:
+    """The copies the primary sent put in place, and those of nothing (``empty``) opened empty."""
+    if exports:
+        store.replace_partitions(exports, None, holds)
+    for pid in empty:
+        store.close_partition(pid, drop=True)  # whatever it held of it before goes
+        store.open_partition(pid)
 
 
 def _remove(paths: list[str]) -> None:
