@@ -33,7 +33,7 @@ from contextlib import nullcontext
 from itertools import chain
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from rocksdict import AccessType, Checkpoint, IngestExternalFileOptions, Options, Rdict, ReadOptions, SstFileWriter
+from rocksdict import AccessType, Checkpoint, IngestExternalFileOptions, Options, Rdict, ReadOptions, SstFileWriter, WriteBatch
 
 from ..errors import ProtocolError
 from .catalog import check_name
@@ -116,6 +116,51 @@ class NodeDB:
         read = _upto(end)  # kept with the iterators: they read its bound while they run (freed, it bound nothing)
         return {name: (family.keys(from_key=start, read_opt=read), family.values(from_key=start, read_opt=read), read)
                 for name, family in self.families.items()}
+
+    def entries(self, pid: int, limit: int) -> tuple[dict[str, list[list[bytes]]], int] | None:
+        """The partition's keys (without its prefix) and values, {state: [keys, values]}, and what they weigh;
+        None when they weigh more than ``limit`` (files are then the cheaper copy). Read under the partition's lock,
+        they are one cut of its writes."""
+        start, end = bounds(pid)
+        found: dict[str, list[list[bytes]]] = {}
+        size = 0
+        for name, family in self.families.items():
+            keys: list[bytes] = []
+            values: list[bytes] = []
+            for key, value in family.items(from_key=start, read_opt=_upto(end)):
+                size += len(key) + len(value)
+                if size > limit:
+                    return None
+                keys.append(key[PREFIX_BYTES:])
+                values.append(value)
+            if keys:
+                found[name] = [keys, values]
+        return found, size
+
+    def put_entries(self, pid: int, entries: object) -> int:
+        """``entries`` (``entries``' answer, from another node: checked first, nothing written when anything is
+        wrong) added to partition ``pid``, behind its prefix; answers what they weigh."""
+        if type(entries) is not dict:
+            raise ProtocolError(f"a copy's entries are {{state: [keys, values]}}, not {entries!r:.80}")
+        base, size, rows = prefix(pid), 0, []
+        for state, pair in entries.items():
+            name = check_name(state, "state", internal=True)
+            if (type(pair) is not list or len(pair) != 2 or type(pair[0]) is not list or type(pair[1]) is not list
+                    or len(pair[0]) != len(pair[1])):
+                raise ProtocolError(f"a copy's entries of state {name!r} are [keys, values] of one length, not {pair!r:.80}")
+            for key, value in zip(*pair):
+                if type(key) is not bytes or type(value) is not bytes:
+                    raise ProtocolError(f"a copy's entries of state {name!r} hold a key or value that is not bytes")
+                size += len(key) + len(value)
+            rows.append((name, pair))
+        batch = WriteBatch(raw_mode=True)
+        for name, (keys, values) in rows:
+            self.ensure(name)
+            handle = self.handles[name]
+            for key, value in zip(keys, values):
+                batch.put(base + key, value, handle)
+        self.db.write(batch)
+        return size
 
     def export(self, cuts: Mapping[int, dict[str, tuple[Any, Any, ReadOptions]]], target: str) -> None:
         """Partitions as of their ``cuts`` ({pid: ``snapshots(pid)``}), as SST files at ``target`` (``0000.sst``...,

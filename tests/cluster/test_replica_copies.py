@@ -74,9 +74,11 @@ def test_a_copy_asked_of_a_node_that_handed_the_partition_on_is_refused_at_once(
 
 
 @gen_cluster(nodes=2, partitions=PARTITIONS, backup_count=1)
-def test_a_primary_names_the_partitions_it_never_wrote_and_only_those_as_copies_of_nothing(cluster):
-    """A backup asks which partitions are copies of nothing (``ReplicaFresh``) before it fetches files: the primary
-    answers those it holds at batch 0 with no key in any state, never one written, and refuses what it does not serve."""
+def test_small_partitions_copies_come_in_the_answer_and_larger_ones_are_left_for_files(cluster, monkeypatch):
+    """A backup asks for the small partitions' copies as entries first (``ReplicaInline``): the primary answers each
+    it serves whose keys and values weigh at most INLINE_BYTES, as a cut of its writes (its data, request ids and
+    batch number), a never-written one as nothing, leaves the others for files, and refuses what it does not serve.
+    (The nodes run in this process: the limit is lowered here.)"""
     cluster.wait_replicated(60)
     with cluster.connect() as rs:
         table = rs.backend.refresh()
@@ -85,20 +87,28 @@ def test_a_primary_names_the_partitions_it_never_wrote_and_only_those_as_copies_
         written = mine[: len(mine) // 2]
         keys = [k for k in keys_for(rs, per_partition=3) if rs.partition_of(k) in written]
         values = {k: (datetime.datetime(2026, 11, 28, 12, i % 60), k) for i, k in enumerate(keys)}  # timestamps, strings
-        rs.value_state("fresh").put_many(values)
+        rs.value_state("inline").put_many(values)
         backup = table.backups_of(mine[0])[0]
+        epochs = [table.replica_epoch(pid) for pid in mine]
         channel = Channel(table.addresses[primary])
         try:
-            fresh = channel.call(p.ReplicaFresh(partitions=mine, node=backup, epochs=[table.replica_epoch(pid) for pid in mine]))
-            assert sorted(fresh) == sorted(set(mine) - set(written))
+            copies = dict(channel.call(p.ReplicaInline(partitions=mine, node=backup, epochs=epochs)))
+            assert sorted(copies) == sorted(mine)
+            assert all(copies[pid] == {} for pid in mine if pid not in written)  # never written: nothing
+            for pid in written:
+                assert len(copies[pid]["inline"][0]) == 3 and len(copies[pid]["_requests"][0]) == 1  # a put_many's id
+                assert copies[pid]["_replication"][0] == [b"seq"]  # its batch number comes with it
+            monkeypatch.setattr("rockstate.cluster.replication.copies.INLINE_BYTES", 1)
+            small = dict(channel.call(p.ReplicaInline(partitions=mine, node=backup, epochs=epochs)))
+            assert sorted(small) == sorted(set(mine) - set(written))  # the written ones go in files
             other = next(pid for pid in range(PARTITIONS) if table.owners[pid] != primary)
             with pytest.raises(PartitionUnavailableError):
-                channel.call(p.ReplicaFresh(partitions=[other], node=backup, epochs=[table.replica_epoch(other)]))
+                channel.call(p.ReplicaInline(partitions=[other], node=backup, epochs=[table.replica_epoch(other)]))
             with pytest.raises(ProtocolError, match="epochs"):
-                channel.call(p.ReplicaFresh(partitions=mine, node=backup, epochs=[1]))
+                channel.call(p.ReplicaInline(partitions=mine, node=backup, epochs=[1]))
         finally:
             channel.close()
-        assert [tuple(v) for v in rs.value_state("fresh").get_many(keys)] == [values[k] for k in keys]  # served on
+        assert [tuple(v) for v in rs.value_state("inline").get_many(keys)] == [values[k] for k in keys]  # served on
 
 
 @gen_cluster(nodes=2, partitions=PARTITIONS, backup_count=1)
@@ -154,3 +164,27 @@ def test_a_backup_of_an_earlier_version_asking_a_copy_per_partition_gets_an_expo
                 shutil.rmtree(f"{root}/store")
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.parametrize("entries", [
+    "not a dict",
+    {"../up": [[b"k"], [b"v"]]},  # a state name that is a path
+    {"inline": [[b"k", b"k2"], [b"v"]]},  # lengths that differ
+    {"inline": [[b"k"], ["v"]]},  # a value that is not bytes
+    {"inline": [[b"k"], [b"v"]], "_requests": [[7], [b"w"]]},  # a key that is not bytes, after a good state
+])
+def test_a_copys_entries_from_another_node_are_checked_whole_before_anything_is_written(tmp_path, entries):
+    from rockstate.config import StoreConfig
+    from rockstate.errors import RockstateError
+    from rockstate.store import StateSpec, Store
+
+    store = Store(str(tmp_path / "s"), StoreConfig(partitions=PARTITIONS), owned=[], reserved=("_requests", "_replication"))
+    try:
+        store.define_state(StateSpec("inline", "value"))
+        with pytest.raises(RockstateError):
+            store.db.put_entries(3, entries)
+        assert store.db.empty(3)
+        assert store.db.put_entries(3, {"inline": [[b"k"], [b"v"]]}) == 2  # and a good one goes in
+        assert store.open_partition(3).get_many("inline", [b"k"]) == [b"v"]
+    finally:
+        store.close()

@@ -141,7 +141,7 @@ class Node:
             p.ReplicaPositions: backups.positions,
             p.ReplicaCopy: copies.copy,
             p.ReplicaCopyGroup: copies.copy_group,
-            p.ReplicaFresh: copies.fresh,
+            p.ReplicaInline: copies.inline,
             p.ReplicaCatchUp: copies.catch_up,
             # the coordinator's status page (metrics.py)
             p.NodeFigures: metrics.figures,

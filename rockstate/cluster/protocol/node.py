@@ -288,15 +288,17 @@ class ReplicaCopyGroup(ReplicaCopy):
     op = "replica_copy_group"
 
 
-class ReplicaFresh(ReplicaCopy):
-    """``ReplicaCopy`` of the partitions never written, without files: of ``partitions``, those the primary holds at
-    batch 0 with no key in any state (a new cluster's, before its first write) are copies of nothing, each taken under
-    its write lock as a copy's cut is, so the batches after 0 are shipped to the backup; answers their list. The
-    backup opens each of them empty and copies the others (``ReplicaCopyGroup``): at 16 nodes a new cluster's
-    backups took 240 transfers of empty copies, each a connection, an export and an open. Its own operation, so a
-    primary of an earlier version refuses it, and the backup copies them all."""
+class ReplicaInline(ReplicaCopy):
+    """``ReplicaCopy`` in the answer itself, for small partitions: of ``partitions``, each whose keys and values weigh
+    at most ``INLINE_BYTES`` (a new cluster's weigh nothing) is cut under its write lock as a copy is, its batches
+    after the cut shipped to the backup, and answered as [[pid, {state: [keys, values]}], ...] (keys without the
+    partition's prefix), up to ``INLINE_ANSWER`` bytes in all; the backup writes them in one batch and copies the
+    others in files (``ReplicaCopyGroup``). A copy in files costs a connection, an export, a stream and an
+    ingestion whatever its size: a new cluster of 16 nodes took 240 such transfers of empty copies, and a leave at
+    P=1024 one per partition. Its own operation, so a primary of an earlier version refuses it, and the backup
+    copies them all in files."""
 
-    op = "replica_fresh"
+    op = "replica_inline"
 
 
 class ReplicaCatchUp(Message):

@@ -43,7 +43,7 @@ ROLES: dict[type[Message], frozenset[str]] = {
     n.ApplyTable: NODES, n.SetCheckpoints: NODES, n.SnapshotPartitions: NODES, n.FinishCheckpoint: NODES, n.RestorePartitions: NODES,
     n.Freeze: NODES, n.Drain: NODES, n.Release: NODES, n.Thaw: NODES, n.Pull: NODES, n.PullDelta: NODES,
     n.PullDiscard: NODES, n.MoveCopy: NODES, n.MoveDelta: NODES, n.MoveDiscard: NODES, n.ReplicaApply: NODES,
-    n.ReplicaCopy: NODES, n.ReplicaCopyGroup: NODES, n.ReplicaFresh: NODES, n.ReplicaCatchUp: NODES,
+    n.ReplicaCopy: NODES, n.ReplicaCopyGroup: NODES, n.ReplicaInline: NODES, n.ReplicaCatchUp: NODES,
     n.ReplicaPositions: NODES,
 }
 

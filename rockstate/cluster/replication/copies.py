@@ -4,15 +4,14 @@ The coordinator sends a backup ``ReplicaCatchUp`` naming several partitions of
 one primary. The backup asks the primary for their copies (``ReplicaCopy``):
 the primary takes each partition's copy (a snapshot) under its write
 lock, at batch S, and from that instant ships the backup the batches after S
-(``primary.py``). A partition never written (batch 0, no key in any column
-family) needs no files: the backup first asks which of them are (``ReplicaFresh``,
-a call on the nodes' kept connection; the primary takes each as a copy at batch
-0 under its write lock) and opens those empty. The other copies' files come back
-as one stream on a connection of its own (as a move's do), so a start-up or a
-join pays one transfer per pair of nodes, not one per partition, and a new
-cluster none; the backup opens the copies (several at once) in place of whatever
-it held and applies the batches from S + 1; the primary then reports each
-caught up.
+(``primary.py``). A small partition's copy (up to INLINE_BYTES of keys and
+values; a never-written one weighs nothing) comes in the answer to a call on the
+nodes' kept connection (``ReplicaInline``), and the backup writes it in one batch.
+The other copies' files come back as one stream on a connection of its own (as a
+move's do), so a start-up or a join pays at most one transfer per pair of nodes,
+not one per partition, and a new cluster none; the backup opens the copies
+(several at once) in place of whatever it held and applies the batches from
+S + 1; the primary then reports each caught up.
 """
 
 from __future__ import annotations
@@ -38,6 +37,8 @@ from .primary import Primaries
 log = logging.getLogger(__name__)
 
 OPENING = 10.0  # seconds a primary waits for partitions it is opening before it copies those it serves
+INLINE_BYTES = 256 << 10  # a partition's keys and values a copy carries in a message, past which it goes in files
+INLINE_ANSWER = 4 << 20  # what one ``ReplicaInline`` answer carries at most (the rest goes in files)
 
 
 class ReplicaCopies:
@@ -94,16 +95,23 @@ class ReplicaCopies:
         files = self.source.listing(name)
         return Stream({"parts": [[pid, []] for pid in served], "files": files}, self.source.chunks([(name, files)]))
 
-    async def fresh(self, msg: p.ReplicaFresh, conn: object) -> list[int]:
-        """Of the partitions, those never written, each taken as a copy at batch 0 (the others need files)."""
-        store, fresh = self._store_of(), []
-        for pid in await self._serving(msg):  # on the loop: a look and no file, each
+    async def inline(self, msg: p.ReplicaInline, conn: object) -> list:
+        """The small partitions' copies as entries ([[pid, {state: [keys, values]}], ...]); the others need files."""
+        served = await self._serving(msg)
+        return await asyncio.to_thread(self._take_inline, served, msg.node)
+
+    def _take_inline(self, pids: list[int], node: str) -> list:
+        store, parts, total = self._store_of(), [], 0
+        for pid in pids:
             part = store.partition(pid)
-            with part.lock:  # as a copy's cut: no write between the look and the backup's position
-                if part.seq() == 0 and part.empty():
-                    self._primaries.copied(msg.node, pid, 0)
-                    fresh.append(pid)
-        return fresh
+            with part.lock:  # a cut, as a copy's: no write between the read and the backup's position
+                taken = store.db.entries(pid, min(INLINE_BYTES, INLINE_ANSWER - total))
+                if taken is None:
+                    continue
+                self._primaries.copied(node, pid, part.seq())
+            parts.append([pid, taken[0]])
+            total += taken[1]
+        return parts
 
     async def _serving(self, msg: p.ReplicaCopy) -> list[int]:
         store = self._store_of()
@@ -173,17 +181,17 @@ class ReplicaCopies:
             answers.update({pid: n for pid, n in copied.items() if pid in wanted})
         return answers
 
-    async def _fresh(self, source: str, pids: list[int], me: str, epochs: dict[int, int]) -> list[int]:
-        """Those of ``pids`` the primary has never written, taken there as copies at batch 0 (none from a primary
-        of an earlier version, which copies them all)."""
+    async def _inline(self, source: str, pids: list[int], me: str, epochs: dict[int, int]) -> dict[int, object]:
+        """The copies of ``pids`` small enough to come in a message, {pid: entries} (none from a primary of an
+        earlier version, which copies them all in files)."""
         try:
-            fresh = await self._peer(source).call(
-                p.ReplicaFresh(partitions=pids, node=me, epochs=[epochs[pid] for pid in pids]), timeout=60.0)
+            parts = await self._peer(source).call(
+                p.ReplicaInline(partitions=pids, node=me, epochs=[epochs[pid] for pid in pids]), timeout=60.0)
         except UnknownOperationError:
-            return []
-        if type(fresh) is not list or not set(fresh) <= set(pids):
-            raise ClusterError(f"the primary at {source} answered partitions never written that were not asked for: {fresh!r:.100}")
-        return fresh
+            return {}
+        if type(parts) is not list or not all(type(x) is list and len(x) == 2 and x[0] in epochs for x in parts):
+            raise ClusterError(f"the primary at {source} answered copies that were not asked for: {parts!r:.100}")
+        return dict(parts)
 
     async def _catch_up(self, epochs: dict[int, int], source: str) -> dict[int, int]:
         store, pids = self._store_of(), sorted(epochs)
@@ -215,8 +223,8 @@ class ReplicaCopies:
                     got.update({pid: size // max(1, len(got)) for pid in got})
                 return got
 
-            fresh = await self._fresh(source, pids, me, epochs)  # copies of nothing: no files to fetch
-            rest = [pid for pid in pids if pid not in fresh]
+            inline = await self._inline(source, pids, me, epochs)  # small copies: no files to fetch
+            rest = [pid for pid in pids if pid not in inline]
             asked = [epochs[pid] for pid in rest]
             if not rest:
                 steps.append(time.perf_counter())  # the copies are taken, and no files follow
@@ -227,9 +235,9 @@ class ReplicaCopies:
                     await self._peer(source).stream(p.ReplicaCopy(partitions=rest, node=me, epochs=asked), receive, timeout=600.0)
             steps.append(time.perf_counter())
             keep = {pid: (where.get(pid, targets[pid]), pid) for pid in got if pid not in self._cancelled}  # its exports
-            empty = [pid for pid in fresh if pid not in self._cancelled]
-            await asyncio.to_thread(_open_copies, store, keep, {group: list(got)}, empty)  # (some may be cancelled)
-            got.update(dict.fromkeys(fresh, 0))
+            entries = {pid: e for pid, e in inline.items() if pid not in self._cancelled}
+            got.update(await asyncio.to_thread(_open_copies, store, keep, {group: list(got)}, entries))  # (some may be cancelled)
+            got.update(dict.fromkeys(set(inline) - set(entries), 0))
             steps.append(time.perf_counter())
             copied = {}
             for pid in got:
@@ -253,13 +261,17 @@ class ReplicaCopies:
         return copied
 
 
-def _open_copies(store: Store, exports: dict, holds: dict, empty: list[int]) -> None:
-    """The copies the primary sent put in place, and those of nothing (``empty``) opened empty."""
+def _open_copies(store: Store, exports: dict, holds: dict, entries: dict[int, object]) -> dict[int, int]:
+    """The copies the primary sent in files put in place, and those it sent as entries written in their place;
+    answers what each of the latter weighs."""
     if exports:
         store.replace_partitions(exports, None, holds)
-    for pid in empty:
+    sizes = {}
+    for pid, copy in entries.items():
         store.close_partition(pid, drop=True)  # whatever it held of it before goes
+        sizes[pid] = store.db.put_entries(pid, copy)
         store.open_partition(pid)
+    return sizes
 
 
 def _remove(paths: list[str]) -> None:
