@@ -127,7 +127,10 @@ class NodeDB:
         for name, family in self.families.items():
             keys: list[bytes] = []
             values: list[bytes] = []
-            for key, value in family.items(from_key=start, read_opt=_upto(end)):
+            read = _upto(end)  # held while the iterator runs: freed, it would bound nothing
+            for key, value in family.items(from_key=start, read_opt=read):
+                if key >= end:  # (the bound already stops it: never another partition's key in a copy)
+                    break
                 size += len(key) + len(value)
                 if size > limit:
                     return None

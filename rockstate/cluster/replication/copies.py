@@ -189,7 +189,8 @@ class ReplicaCopies:
                 p.ReplicaInline(partitions=pids, node=me, epochs=[epochs[pid] for pid in pids]), timeout=60.0)
         except UnknownOperationError:
             return {}
-        if type(parts) is not list or not all(type(x) is list and len(x) == 2 and x[0] in epochs for x in parts):
+        if type(parts) is not list or not all(
+                type(x) is list and len(x) == 2 and type(x[0]) is int and x[0] in epochs for x in parts):
             raise ClusterError(f"the primary at {source} answered copies that were not asked for: {parts!r:.100}")
         return dict(parts)
 
@@ -214,7 +215,7 @@ class ReplicaCopies:
             def receive(answer: dict, read_into: Callable[[memoryview], int]) -> dict[int, int]:  # on the stream's thread
                 steps.append(time.perf_counter())  # the copies are taken; their files follow
                 for pid, files in answer["parts"]:
-                    if pid not in targets or pid in got:
+                    if pid not in targets or pid in got or pid in inline:
                         raise ClusterError(f"partition {str(pid)[:20]} in a copy's listing was not asked for (or twice)")
                     got[pid] = receive_files(files, targets[pid], read_into) if files else 0
                 if "files" in answer:
