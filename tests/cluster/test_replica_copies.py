@@ -49,6 +49,30 @@ def test_backups_of_never_written_partitions_are_empty_copies_and_written_ones_c
         assert state.get_many(keys) == [f"value-{k}" for k in keys]
 
 
+@gen_cluster(nodes=2, partitions=PARTITIONS, backup_count=1, heartbeat_timeout=4.0)
+def test_copies_too_large_for_a_message_go_in_files_and_their_data_survives_a_promotion(cluster, monkeypatch):
+    """With the message's limit at 0 bytes every written partition's copy goes as an export (the nodes run in this
+    process: the limit is lowered here), as a large one does; a join copies them, and after the first node's abrupt
+    stop its partitions' promoted backups hold every key."""
+    monkeypatch.setattr("rockstate.cluster.replication.copies.INLINE_BYTES", 0)
+    cluster.wait_replicated(60)
+    last = max(e["seq"] for e in cluster.status()["events"])
+    with cluster.connect(retry_timeout=60) as rs:
+        state = rs.value_state("files")
+        keys = keys_for(rs, per_partition=20)
+        values = {k: (k, datetime.datetime(2026, 11, 28, 13, i % 60)) for i, k in enumerate(keys)}
+        state.put_many(values)
+        cluster.add_node()
+        cluster.wait_replicated(120)
+        moved = copies(cluster, last)
+        assert moved and all(e["bytes"] > 0 for e in moved), moved  # written partitions: files
+        victim = cluster.nodes()[0].node_id
+        assert rs.backend.refresh().owned_by(victim)
+        cluster.kill_node(victim)
+        wait_until(lambda: not set(rs.backend.refresh().owned_by(victim)), 60, "the victim's partitions promoted")
+        assert [tuple(v) for v in state.get_many(keys)] == [values[k] for k in keys]
+
+
 @gen_cluster(nodes=2, partitions=PARTITIONS, backup_count=1)
 def test_a_copy_asked_of_a_node_that_handed_the_partition_on_is_refused_at_once(cluster):
     # In a join, a backup's copy request can reach a primary that has just handed one of its partitions on. It
