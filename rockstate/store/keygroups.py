@@ -30,7 +30,7 @@ import threading
 import uuid
 from collections import deque
 from contextlib import nullcontext
-from itertools import chain
+from itertools import chain, repeat
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from rocksdict import AccessType, Checkpoint, IngestExternalFileOptions, Options, Rdict, ReadOptions, SstFileWriter, WriteBatch
@@ -38,6 +38,7 @@ from rocksdict import AccessType, Checkpoint, IngestExternalFileOptions, Options
 from ..errors import ProtocolError
 from .catalog import check_name
 from .resources import Resources
+from .writes import each
 
 _PREFIX = struct.Struct(">I")
 PREFIX_BYTES = _PREFIX.size
@@ -131,7 +132,7 @@ class NodeDB:
             for key, value in family.items(from_key=start, read_opt=read):
                 if key >= end:  # (the bound already stops it: never another partition's key in a copy)
                     break
-                size += len(key) + len(value)
+                size += len(key) - PREFIX_BYTES + len(value)  # as ``put_entries`` weighs them
                 if size > limit:
                     return None
                 keys.append(key[PREFIX_BYTES:])
@@ -159,9 +160,7 @@ class NodeDB:
         batch = WriteBatch(raw_mode=True)
         for name, (keys, values) in rows:
             self.ensure(name)
-            handle = self.handles[name]
-            for key, value in zip(keys, values):
-                batch.put(base + key, value, handle)
+            each(batch.put, [base + key for key in keys], values, repeat(self.handles[name]))
         self.db.write(batch)
         return size
 
