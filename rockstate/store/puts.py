@@ -18,7 +18,7 @@ from rocksdict import WriteBatch
 from ..ops import PUT, PUT_MANY, RAW_PUT, RAW_PUT_MANY
 from . import requests
 from .partition import REPLICATION, SEQ, SEQ_KEY, Partition
-from .writes import each, put_piece_bytes
+from .writes import each, put_pieces_bytes
 
 
 def stage_puts(parts: Sequence[Partition], groups: Sequence, request: bytes | None,
@@ -62,9 +62,9 @@ def stage_puts(parts: Sequence[Partition], groups: Sequence, request: bytes | No
     shipped = [] if request is None else [(RAW_PUT, requests.REQUESTS, request, requests.WRITTEN)]  # as a backup stores it
 
     def written() -> None:
-        for part, (_, ops) in zip(parts, groups):
+        sizes = put_pieces_bytes(list(map(len, keys)), chain.from_iterable(keys), chain.from_iterable(
+            ops[0][3] for _, ops in groups), request, requests.WRITTEN) if seqs else repeat(None)  # C loops, not a call a piece
+        for part, (_, ops), size in zip(parts, groups, sizes):
             _, state, piece_keys, piece_values = ops[0]
-            seq = seqs.get(part)
-            part.committed([*ops, *recorded], seq, [(RAW_PUT_MANY, state, piece_keys, piece_values), *shipped],
-                           seq and put_piece_bytes(piece_keys, piece_values, request, requests.WRITTEN))
+            part.committed([*ops, *recorded], seqs.get(part), [(RAW_PUT_MANY, state, piece_keys, piece_values), *shipped], size)
     return fresh, written

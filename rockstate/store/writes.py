@@ -70,18 +70,11 @@ def stored_bytes(stored: list) -> int:
     return size
 
 
-def put_piece_bytes(keys: list, values: list, request: bytes | None, written: bytes) -> int:
-    """``stored_bytes`` of a batch put's piece as shipped, [RAW_PUT_MANY of ``keys`` and ``values``] and, with a
-    ``request`` id, its record's RAW_PUT (value ``written``), its shape known: the generic walk was 2 % of a node's
-    puts at P=1024. TypeError: a key or value without a length."""
-    size = STORED_OP_BYTES + sum(map(len, keys)) + sum(map(len, values)) + 2 * STORED_ITEM_BYTES * len(keys)
-    return size if request is None else size + STORED_OP_BYTES + len(request) + len(written)
-
-
 def put_pieces_bytes(counts: list[int], keys: list, values: list, request: bytes | None, written: bytes) -> list[int]:
-    """``put_piece_bytes`` of each piece of a run (``counts[i]`` of ``keys`` and ``values`` each, in order), from
-    running sums of their lengths: C loops over the keys rather than two sums and a call per piece. TypeError: a key
-    or value without a length."""
+    """``stored_bytes`` of each batch put's piece of a run (``counts[i]`` of ``keys`` and ``values`` each, in order)
+    as shipped, [RAW_PUT_MANY of its keys and values] and, with a ``request`` id, its record's RAW_PUT (value
+    ``written``), from running sums of their lengths: C loops over the keys (the generic walk, then a call per
+    piece, was 2 % of a node's puts at P=1024). TypeError: a key or value without a length."""
     key_ends = list(accumulate(map(len, keys), initial=0))
     value_ends = list(accumulate(map(len, values), initial=0))
     ends = list(accumulate(counts, initial=0))

@@ -18,13 +18,14 @@ from rockstate.cluster.protocol.node import MAX_REPLICA_ITEMS
 from rockstate.cluster.replication.backup import Backups
 from rockstate.cluster.replication.outcomes import Applied, Report
 from rockstate.cluster.replication.primary import Primaries
-from rockstate.cluster.replication.runs import Runs
+from rockstate.cluster.replication.runs import Runs, stored_piece
 from rockstate.cluster.replication.sender import Sender
 from rockstate import errors
 from rockstate.config import StoreConfig
 from rockstate.errors import ProtocolError
 from rockstate.ops import DELETE_MANY, PUT, PUT_MANY, RAW_PUT, RAW_PUT_MANY
 from rockstate.store import StateSpec, Store
+from rockstate.store.writes import stored_bytes
 
 PIDS = (0, 1, 2, 3)
 
@@ -473,6 +474,16 @@ def test_a_runs_pieces_are_each_checked_as_items_are(tmp_path):
     assert backup_store.get_many(1, "s", [b"x", b"y", b"b"]) == [b"v", b"v", None]
     assert backup_store.get_many(0, "s", [b"a", b"z"]) == [b"v", b"v"]
     assert [e[0] for e in backups._tails[0]] == [1, 2] and [e[0] for e in backups._tails[1]] == [1]
+    # a run whose middle piece applied before: the others are kept in their tails as the items they stand for
+    backups.adopt(3, 1, 0)
+    replies = backups._apply([], [_run(pids=(0, 1, 3), seqs=(3, 1, 1), counts=(1, 2, 2), keys=(b"p", b"q", b"r", b"s", b"t"))])
+    assert sorted(map(tuple, replies)) == [(0, 3, Applied.OK), (1, 1, Applied.OK), (3, 1, Applied.OK)]
+    assert backup_store.get_many(1, "s", [b"q", b"r"]) == [None, None]  # the resent piece is not written again
+    request = _run()[1]
+    assert backups._tails[0][-1] == (3, stored_piece("s", request, [b"p"], [b"v"]), stored_bytes(stored_piece("s", request, [b"p"], [b"v"])))
+    assert backups._tails[3][-1] == (1, stored_piece("s", request, [b"s", b"t"], [b"v", b"v"]),
+                                     stored_bytes(stored_piece("s", request, [b"s", b"t"], [b"v", b"v"])))
+    assert [e[0] for e in backups._tails[1]] == [1]
     backup_store.close()
 
 

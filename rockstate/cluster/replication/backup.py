@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from itertools import accumulate, chain
-from typing import Callable
+from typing import Callable, Iterable
 
 from ...control.write_acks import BackupApply
 from ...errors import ProtocolError, ReplicaBehindError, RockstateError, StaleEpochError
@@ -22,7 +22,7 @@ from ...store.requests import WRITTEN
 from ...store.writes import put_pieces_bytes, stored_bytes
 from .. import protocol as p
 from .outcomes import Applied
-from .runs import stored_piece
+from .runs import stored_piece, stored_pieces
 
 TAIL = 64  # batches every replica keeps past what its backups applied: a promoted one resends its tail from them
 INLINE_ITEMS = 64  # a backup applies up to this many items (batches in any form) on its loop, more in a thread,
@@ -67,19 +67,24 @@ class Backups:
         return [e for e in tail if e[0] <= seq] if self._applies.pop(pid, None) else []
 
     def _keep(self, pid: int, seq: int, stored: list, size: int | None = None) -> None:
-        """A batch applied, into the partition's tail: at most TAIL batches, and at most its share of
-        ``kept_bytes`` but the newest (a promoted copy lacking one a backup needs gives that backup a copy)."""
-        tail = self._tails.get(pid)
-        if tail is None:
-            tail = self._tails[pid] = deque()
-        if size is None:
-            size = stored_bytes(stored)
-        tail.append((seq, stored, size))
-        weight = self._tail_bytes.get(pid, 0) + size
+        """A batch applied, into the partition's tail (``_keep_all``)."""
+        self._keep_all([pid], [seq], [stored], [stored_bytes(stored) if size is None else size])
+
+    def _keep_all(self, pids: list[int], seqs: list[int], stored: Iterable[list], sizes: list[int]) -> None:
+        """Batches applied (partition ``pids[i]``'s batch ``seqs[i]``), into their partitions' tails: at most TAIL
+        batches each, and at most its share of ``kept_bytes`` but the newest (a promoted copy lacking one a backup
+        needs gives that backup a copy). One pass for a run's pieces: a call per piece was 4 % of a backup's CPU at P=1024."""
+        tails, weights = self._tails, self._tail_bytes
         share = None if self._kept_bytes is None else self._kept_bytes // max(1, len(self._applies))
-        while len(tail) > TAIL or (share is not None and weight > share and len(tail) > 1):
-            weight -= tail.popleft()[2]
-        self._tail_bytes[pid] = weight
+        for pid, seq, batch, size in zip(pids, seqs, stored, sizes):
+            tail = tails.get(pid)
+            if tail is None:
+                tail = tails[pid] = deque()
+            tail.append((seq, batch, size))
+            weight = weights.get(pid, 0) + size
+            while len(tail) > TAIL or (share is not None and weight > share and len(tail) > 1):
+                weight -= tail.popleft()[2]
+            weights[pid] = weight
 
     def kept(self) -> int:
         """What the tails weigh (``stored_bytes``)."""
@@ -192,8 +197,13 @@ class Backups:
             sizes = put_pieces_bytes(counts, keys, values, request, WRITTEN)
         except TypeError:  # a value that is not bytes: the write fails it (the message whole)
             sizes = [0] * len(pids)
-        for i in taken:
-            self._keep(pids[i], seqs[i], piece(i), sizes[i])
+        if len(taken) < len(pids):
+            cuts = [slice(offsets[i], offsets[i + 1]) for i in taken]
+            seqs, sizes = [seqs[i] for i in taken], [sizes[i] for i in taken]
+        else:
+            cuts = list(map(slice, offsets, offsets[1:]))
+        self._keep_all(taken_pids, seqs, stored_pieces(state, request, map(keys.__getitem__, cuts),
+                                                       map(values.__getitem__, cuts)), sizes)
 
     async def positions(self, msg: p.ReplicaPositions, conn: object) -> dict:
         return {pid: self._applies[pid].last_applied for pid in msg.partitions if pid in self._applies}

@@ -16,6 +16,7 @@ applies the items first, then the runs in order.
 from __future__ import annotations
 
 from itertools import chain
+from typing import Iterable
 
 from ...ops import RAW_PUT, RAW_PUT_MANY
 from ...store.requests import REQUESTS, WRITTEN
@@ -78,3 +79,10 @@ def stored_piece(state: str, request: bytes | None, keys: list, values: list) ->
     """The batch a run's piece stands for, as a primary stores and ships it."""
     puts = [RAW_PUT_MANY, state, keys, values]
     return [puts] if request is None else [puts, [RAW_PUT, REQUESTS, request, WRITTEN]]
+
+
+def stored_pieces(state: str, request: bytes | None, keys: Iterable[list], values: Iterable[list]) -> list[list]:
+    """``stored_piece`` of each of a run's pieces (``keys`` and ``values`` a list each), in one comprehension."""
+    if request is None:
+        return [[[RAW_PUT_MANY, state, k, v]] for k, v in zip(keys, values)]
+    return [[[RAW_PUT_MANY, state, k, v], [RAW_PUT, REQUESTS, request, WRITTEN]] for k, v in zip(keys, values)]
