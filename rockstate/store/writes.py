@@ -70,7 +70,7 @@ def stored_bytes(stored: list) -> int:
     return size
 
 
-def put_pieces_bytes(counts: list[int], keys: list, values: list, request: bytes | None, written: bytes) -> list[int]:
+def put_pieces_bytes(counts: Iterable[int], keys: Iterable, values: Iterable, request: bytes | None, written: bytes) -> list[int]:
     """``stored_bytes`` of each batch put's piece of a run (``counts[i]`` of ``keys`` and ``values`` each, in order)
     as shipped, [RAW_PUT_MANY of its keys and values] and, with a ``request`` id, its record's RAW_PUT (value
     ``written``), from running sums of their lengths: C loops over the keys (the generic walk, then a call per
