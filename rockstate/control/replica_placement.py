@@ -26,6 +26,18 @@ Rules:
   rule allows, so the shares are even (within a zone, when zones make
   members unequal). Fewer ALIVE members than ``backup_count + 1``:
   as many backups as there are other members (``ReplicaPlan.missing``).
+- Few peers per primary (a copyset's scatter width; Cassandra's ring
+  successors): once the rules above have placed every backup, the backups this
+  plan adds are swapped between partitions so that as many as can sit on their
+  primary's *successors* -- the next ``backup_count + 1`` ALIVE members after
+  it in id order (of other zones when zones are strict) -- each member's load,
+  the number of copies and the rules above unchanged (``scatter``). A primary
+  sends each request's batches to every member holding a backup of one of its
+  partitions: spread over all members, 16 nodes at P=1024 sent 240
+  ``ReplicaApply`` a 5,000-key batch (16 x 15), each waking two processes.
+  A member's death promotes its partitions on its successors; the primaries'
+  rebalance hands the excess on. Backups a plan keeps stay where they are
+  (fewest copies): a partition keeps its backups when its primary moves.
 
 Steps, per partition, in this order, each begun once the one before is done:
 ``ADD`` a replica (it copies the partition from the primary, a
@@ -106,6 +118,7 @@ def plan(replicas: Replicas, statuses: Mapping[str, MemberStatus], backup_count:
         chosen = kept[pid]
         target[pid] = [new_primary[pid], *chosen, *(backups.fill(new_primary[pid], chosen) if len(chosen) < backups.count else ())]
     backups.even_out(target, movable)
+    backups.scatter(target, current, movable)
     missing = {pid: backup_count - (len(target[pid]) - 1) for pid in movable if len(target[pid]) - 1 < backup_count}
     return ReplicaPlan(target, _steps(current, target), missing)
 
@@ -130,6 +143,23 @@ class _Backups:
         self.load = dict.fromkeys(self.alive, 0)
         self._order: list[tuple[int, str]] | None = None
         self._closed: dict[str, bool] = {}  # per primary: a plan asks it once per partition, of a few members
+        self._successors: dict[str, list[str]] = {}
+
+    def successors(self, primary: str) -> list[str]:
+        """The ``count + 1`` ALIVE members after ``primary`` in id order (of other zones when zones are strict): where
+        its partitions' backups go first. Made once per primary a plan."""
+        found = self._successors.get(primary)
+        if found is None:
+            alive, zone = self.alive, self.zone.get(primary, primary)
+            start = bisect_left(alive, primary) + (primary in self.zone)
+            found = self._successors[primary] = []
+            for k in range(len(alive)):  # a few steps: the ring is walked only as far as it takes
+                n = alive[(start + k) % len(alive)]
+                if n != primary and not (self.strict and self.zone[n] == zone):
+                    found.append(n)
+                    if len(found) > self.count:
+                        break
+        return found
 
     def closed_to_short(self, primary: str) -> bool:
         closed = self._closed.get(primary)
@@ -180,6 +210,45 @@ class _Backups:
             self.load[best] += 1
             insort(self._order, (self.load[best], best))
         return added
+
+    def scatter(self, target: list[list[str]], current: list[list[str]], movable: list[int]) -> None:
+        """Swap backups this plan adds between two partitions: one lands on a successor of its primary, the other
+        (on none of its own primary's) takes its place where the rules allow; every member's load stays."""
+        successors = self.successors
+        added = [(pid, i) for pid in movable for i, n in enumerate(target[pid][1:], 1) if n not in current[pid]]
+        astray: dict[str, list[tuple[int, int]]] = {}  # member -> added backups it holds off their primary's successors
+        for pid, i in added:
+            if target[pid][i] not in successors(target[pid][0]):
+                astray.setdefault(target[pid][i], []).append((pid, i))
+        for pid, i in added:
+            replicas = target[pid]
+            holder, mine = replicas[i], successors(replicas[0])
+            if holder in mine:
+                continue
+            rest = [n for n in replicas[1:] if n != holder]
+            for other in mine:
+                partner = self._partner(astray.get(other), other, holder, target) \
+                    if self._allowed(other, replicas[0], rest) else None
+                if partner is not None:
+                    pid2, i2 = partner
+                    replicas[i], target[pid2][i2] = other, holder
+                    if holder not in successors(target[pid2][0]):
+                        astray.setdefault(holder, []).append(partner)
+                    break
+
+    def _partner(self, astray: list[tuple[int, int]] | None, other: str, holder: str,
+                 target: list[list[str]]) -> tuple[int, int] | None:
+        """A backup in ``astray`` (held by ``other``, off its primary's successors) that ``holder`` may take instead;
+        those moved meanwhile are dropped from the list as found."""
+        for k in range(len(astray or ()) - 1, -1, -1):
+            pid, i = astray[k]  # type: ignore[index]
+            replicas = target[pid]
+            if replicas[i] != other:
+                del astray[k]  # type: ignore[union-attr]
+            elif self._allowed(holder, replicas[0], [n for n in replicas[1:] if n != other]):
+                del astray[k]  # type: ignore[union-attr]
+                return pid, i
+        return None
 
     def even_out(self, target: list[list[str]], movable: list[int]) -> None:
         """Hand backups from members over their cap, or two above another, to those under (the zone rule permitting)."""

@@ -1,6 +1,8 @@
 """The replica planner: replica sets, members' statuses and zones in; target sets and ordered steps out."""
 
 import random
+
+import pytest
 from collections import Counter
 
 from rockstate.control.assignment import assign
@@ -145,6 +147,58 @@ def test_zone_violations_of_the_current_table_are_repaired():
     p = plan([["node-1", "node-2"], ["node-3", "node-1"]], members(1, 2, 3), backup_count=1, zones=zones)
     assert zones[p.target[0][0]] != zones[p.target[0][1]]
     assert p.target[1] == ["node-3", "node-1"]  # already fine: untouched
+
+
+def _peers(target):
+    """Each primary's backup members, over all its partitions."""
+    peers = {}
+    for r in target:
+        peers.setdefault(r[0], set()).update(r[1:])
+    return peers
+
+
+def _successors(node, ids, count, zones=None):
+    """The ``count`` members after ``node`` in id order (of other zones, with ``zones``)."""
+    ring = sorted(ids)
+    at = ring.index(node)
+    after = [ring[(at + k) % len(ring)] for k in range(1, len(ring))]
+    return [n for n in after if zones is None or zones[n] != zones[node]][:count]
+
+
+@pytest.mark.parametrize("nodes, partitions, backup_count", [(16, 1024, 1), (16, 271, 1), (8, 1024, 2), (24, 512, 1)])
+def test_a_primarys_backups_go_to_its_successors_so_it_replicates_to_few_members(nodes, partitions, backup_count, monkeypatch):
+    """A new cluster: each primary's partitions back up to its next ``backup_count + 1`` members (a few partitions
+    excepted), where a plan without the swaps spread them over every member; loads and steps are those of the plan
+    without the swaps."""
+    ids = [f"node-{i:02d}" for i in range(nodes)]
+    status = dict.fromkeys(ids, ALIVE)
+    p = plan([[]] * partitions, status, backup_count=backup_count)
+    on_successors = sum(b in _successors(r[0], ids, backup_count + 1) for r in p.target for b in r[1:])
+    assert on_successors >= 0.95 * partitions * backup_count
+    peers = _peers(p.target)
+    assert sorted(len(v) for v in peers.values())[len(peers) // 2] == backup_count + 1  # the median primary's
+    assert all(len(set(r)) == backup_count + 1 for r in p.target)
+    monkeypatch.setattr("rockstate.control.replica_placement._Backups.scatter", lambda *a: None)
+    spread = plan([[]] * partitions, status, backup_count=backup_count)
+    assert max(len(v) for v in _peers(spread.target).values()) > 2 * (backup_count + 1)  # what the swaps undo
+    assert backups(p.target) == backups(spread.target) and primaries(p.target) == primaries(spread.target)
+    assert len(p.steps) == len(spread.steps)
+
+
+def test_successors_are_of_other_zones_and_a_death_promotes_on_them():
+    """With strict zones, a primary's successors skip its own zone; a dead member's partitions are promoted on its
+    successors (the backups a plan adds go there, every rule kept)."""
+    ids = [f"node-{i:02d}" for i in range(12)]
+    zones = {n: "abc"[i % 3] for i, n in enumerate(ids)}
+    status = dict.fromkeys(ids, ALIVE)
+    p = plan([[]] * 288, status, backup_count=1, zones=zones)
+    assert all(zones[r[0]] != zones[r[1]] for r in p.target)
+    assert sum(r[1] in _successors(r[0], ids, 2, zones) for r in p.target) >= 0.95 * 288
+    dead = "node-05"
+    after = plan(p.target, {**status, dead: DEAD}, backup_count=1, zones=zones)
+    promoted_on = Counter(r[1] for r in p.target if r[0] == dead)  # its partitions' backups: promoted on its death
+    assert len(promoted_on) <= 3 and sum(promoted_on[n] for n in _successors(dead, ids, 2, zones)) >= 0.9 * 24
+    assert all(dead not in r[1:] and zones[r[0]] != zones[r[1]] for r in after.target if r[0] != dead)
 
 
 def test_too_few_members_leaves_partitions_short_of_backups():
