@@ -227,7 +227,7 @@ class _Backups:
                 continue
             rest = [n for n in replicas[1:] if n != holder]
             for other in mine:
-                partner = self._partner(astray.get(other), other, holder, target) \
+                partner = self._partner(astray.get(other, []), other, holder, target) \
                     if self._allowed(other, replicas[0], rest) else None
                 if partner is not None:
                     pid2, i2 = partner
@@ -236,17 +236,17 @@ class _Backups:
                         astray.setdefault(holder, []).append(partner)
                     break
 
-    def _partner(self, astray: list[tuple[int, int]] | None, other: str, holder: str,
+    def _partner(self, astray: list[tuple[int, int]], other: str, holder: str,
                  target: list[list[str]]) -> tuple[int, int] | None:
         """A backup in ``astray`` (held by ``other``, off its primary's successors) that ``holder`` may take instead;
         those moved meanwhile are dropped from the list as found."""
-        for k in range(len(astray or ()) - 1, -1, -1):
-            pid, i = astray[k]  # type: ignore[index]
+        for k in range(len(astray) - 1, -1, -1):
+            pid, i = astray[k]
             replicas = target[pid]
             if replicas[i] != other:
-                del astray[k]  # type: ignore[union-attr]
+                del astray[k]
             elif self._allowed(holder, replicas[0], [n for n in replicas[1:] if n != other]):
-                del astray[k]  # type: ignore[union-attr]
+                del astray[k]
                 return pid, i
         return None
 
