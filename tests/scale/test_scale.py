@@ -37,7 +37,11 @@ def test_p271_four_nodes_join_kill_leave_under_writes(tmp_path):
     history = History()
     with IdleLoop() as idle, PatientCluster(nodes=4, partitions=PARTITIONS, root=str(tmp_path / "cluster"), heartbeat_timeout=HEARTBEAT,
                       checkpoints=f"file://{tmp_path}/checkpoints", backup_count=1) as cluster:
-        cluster.wait_replicated(START)
+        peers = peers_of(cluster.wait_replicated(START))
+        # a new cluster's primaries replicate to few nodes: half of them to their 2 successors alone, and fewer pairs of
+        # nodes in all than backups spread over every node made (each primary to all 3 others); a few partitions'
+        # backups may sit on a third node where the balance forces it
+        assert sum(len(v) == 2 for v in peers.values()) >= 2 and sum(map(len, peers.values())) < 4 * 3, peers
         with cluster.connect(retry_timeout=60) as admin:
             keys = keys_for(admin)  # one in every partition
             with Workload(cluster, history, keys, timeout=60.0) as load:
@@ -64,6 +68,14 @@ def test_p271_four_nodes_join_kill_leave_under_writes(tmp_path):
     # the bound is the cluster's own: beyond what the machine cost an idle loop meanwhile (stalls of every process at once)
     assert len(lags) == 4 and max(lags.values()) < STALL + idle.worst, \
         f"event loops stalled (seconds, the worst of each): {lags}; an idle loop on this machine: {idle.worst:.2f}"
+
+
+def peers_of(status: dict) -> dict[str, set[str]]:
+    """Each primary's backup nodes over all its partitions, from the status document."""
+    peers: dict[str, set[str]] = {}
+    for replicas in status["replicas"]:
+        peers.setdefault(replicas["primary"], set()).update(b["node"] for b in replicas["backups"])
+    return peers
 
 
 def loop_lags(cluster: LocalCluster, status: dict) -> dict[str, float]:
