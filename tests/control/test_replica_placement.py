@@ -1,9 +1,9 @@
 """The replica planner: replica sets, members' statuses and zones in; target sets and ordered steps out."""
 
 import random
+from collections import Counter
 
 import pytest
-from collections import Counter
 
 from rockstate.control.assignment import assign
 from rockstate.control.membership import MemberStatus
