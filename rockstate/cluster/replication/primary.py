@@ -120,7 +120,8 @@ class Primaries:
             part.shipper = self.shipped
             log.debug("primary of partition %d at batch %d, replica epoch %d, backups %s", pid, seq, epoch, list(backups))
         else:
-            self._resolve(pid, acks.configure(epoch, backups, in_sync))
+            acks.configure(epoch, backups, in_sync)
+            self._resolve(pid)
         for b in backups:
             if b in self._wake:
                 self._wake[b].set()
@@ -225,7 +226,7 @@ class Primaries:
             acked = acks.acked
             acks.sent_through(self._shipped_to[pid], now)
             if acks.acked != acked:  # async, or none to wait for: acknowledged when sent
-                self._resolve(pid, [])
+                self._resolve(pid)
             for b in self._backups[pid]:
                 if b in self._wake:
                     self._dirty.setdefault(b, set()).add(pid)
@@ -266,7 +267,8 @@ class Primaries:
             expiry.cancel()
             wait.cancel()
 
-    def _resolve(self, pid: int, newly: list) -> None:
+    def _resolve(self, pid: int) -> None:
+        """The waits that the batches of ``pid`` acknowledged so far end (one count each)."""
         acks, waiting = self._acks.get(pid), self._waiters.get(pid)
         if acks is None or not waiting:
             return
@@ -310,7 +312,7 @@ class Primaries:
             if full:
                 if node in acks.overdue(now, self._timeout()):
                     self._report(pid, node, Report.UNREACHABLE)
-                    self._resolve(pid, [])  # a late joining backup is waited for no more
+                    self._resolve(pid)  # a late joining backup is waited for no more
                 if node in acks.reported:  # until the coordinator's table has it in sync (a report may have crossed a change)
                     self._report(pid, node, Report.CAUGHT_UP)
                 if start is None and node in acks.in_sync:
@@ -360,20 +362,24 @@ class Primaries:
 
     def answered(self, node: str, replies: list, carried: dict[int, int]) -> None:
         """``node``'s answers to a ``ReplicaApply``: [[pid, last applied, status], ...]."""
+        acks_of, sent, shipped_to, waiters = self._acks, self._sent, self._shipped_to, self._waiters
         for pid, applied, status in replies:
-            acks = self._acks.get(pid)
+            acks = acks_of.get(pid)
             if acks is None:
                 continue
             if status == Applied.NOT_READY:  # it holds no open copy (a restarted node): no stream brings it back, a copy does
                 self._report(pid, node, Report.DIVERGED)
                 continue
-            self._sent[node, pid] = applied  # behind: resent from there
-            if applied < self._shipped_to.get(pid, 0):
+            sent[node, pid] = applied  # behind: resent from there
+            if applied < shipped_to.get(pid, 0):
                 self._dirty.setdefault(node, set()).add(pid)
-            self._resolve(pid, acks.applied(node, applied))
-            if node not in acks.in_sync and status == Applied.OK and acks.caught_up(node, carried.get(pid)):
+            if acks.applied(node, applied) and waiters.get(pid):  # only a newly acknowledged batch ends a wait
+                self._resolve(pid)
+            if node in acks.in_sync:
+                continue
+            if status == Applied.OK and acks.caught_up(node, carried.get(pid)):
                 self._report(pid, node, Report.CAUGHT_UP)
-            elif node not in acks.in_sync:
+            else:
                 log.debug("backup %s of partition %d: %s at %d of %d (acked %d, joining %s)", node, pid, status, applied,
                           acks.last_sent, acks.acked, sorted(acks.joining))
         if self._dirty.get(node):
@@ -397,20 +403,23 @@ class Primaries:
         return after
 
     def _trim(self, pids: Iterable[int]) -> None:
-        """The logs' batches every backup applied, past TAIL or past the partition's share of ``kept_bytes`` (a
-        backup behind keeps what it lacks: MAX_LOG bounds it)."""
+        """The logs' batches every backup applied, once past TAIL + TAIL/2 or past the partition's share of
+        ``kept_bytes``, down to TAIL and to half the share (a backup behind keeps what it lacks: MAX_LOG bounds it):
+        a log trimmed at every look, a batch or two each time, was 3 % of a node's CPU under P=1024 puts."""
         share = None if self._kept_bytes is None else self._kept_bytes // max(1, len(self._acks))
+        half = None if share is None else share // 2
+        added, trimmed_of = self._log_added, self._log_trimmed
         for pid in pids:
             entries = self._logs[pid]
-            if len(entries) <= TAIL and (share is None or self._log_added[pid] - self._log_trimmed[pid] <= share):
+            if len(entries) <= TAIL + TAIL // 2 and (share is None or added[pid] - trimmed_of[pid] <= share):
                 continue  # nothing to trim, whatever the backups applied
             known = [self._sent[b, pid] for b in self._backups[pid] if (b, pid) in self._sent]
             floor = min(known, default=self._shipped_to[pid])
-            trimmed = self._log_trimmed[pid]
+            trimmed, weight = trimmed_of[pid], added[pid]
             while len(entries) > MAX_LOG or (entries and entries[0][0] <= floor and (len(entries) > TAIL or (
-                    share is not None and self._log_added[pid] - trimmed > share and len(entries) > 1))):
+                    half is not None and weight - trimmed > half and len(entries) > 1))):
                 trimmed += entries.popleft()[2]
-            self._log_trimmed[pid] = trimmed
+            trimmed_of[pid] = trimmed
 
     def kept(self) -> int:
         """What the logs weigh (``stored_bytes``)."""
