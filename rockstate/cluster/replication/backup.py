@@ -163,17 +163,18 @@ class Backups:
         if writes.holds_any(pids):
             writes.flush()  # a batch of theirs before this one in the message: written first
         taken: list[int] = []
+        applies, ok = self._applies, Applied.OK  # an enum's member looked up once, not per piece
         for i, pid in enumerate(pids):
-            backup = self._applies.get(pid)
+            backup = applies.get(pid)
             if backup is None:
                 status[pid] = Applied.NOT_READY
                 continue
-            if status.get(pid, Applied.OK) != Applied.OK:
+            if status.get(pid, ok) != ok:
                 continue
             try:
                 if backup.check(epochs[i], seqs[i]):
                     taken.append(i)
-                status[pid] = Applied.OK
+                status[pid] = ok
             except StaleEpochError:
                 status[pid] = Applied.STALE
             except ReplicaBehindError:

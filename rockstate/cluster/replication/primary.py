@@ -219,31 +219,36 @@ class Primaries:
         """The logs' new batches counted sent, and the senders of the partitions' backups woken: once for a
         request's partitions (per partition it was 3 % of a node's CPU under P=271 puts)."""
         now, woken = time.monotonic(), set()
+        acks_of, shipped_to, backups_of, wake, dirty = self._acks, self._shipped_to, self._backups, self._wake, self._dirty
         for pid in pids:
-            acks = self._acks.get(pid)
+            acks = acks_of.get(pid)
             if acks is None:
                 continue
             acked = acks.acked
-            acks.sent_through(self._shipped_to[pid], now)
+            acks.sent_through(shipped_to[pid], now)
             if acks.acked != acked:  # async, or none to wait for: acknowledged when sent
                 self._resolve(pid)
-            for b in self._backups[pid]:
-                if b in self._wake:
-                    self._dirty.setdefault(b, set()).add(pid)
+            for b in backups_of[pid]:
+                if b in wake:
+                    queued = dirty.get(b)
+                    if queued is None:
+                        queued = dirty[b] = set()
+                    queued.add(pid)
                     woken.add(b)
         for b in woken:
-            self._wake[b].set()
+            wake[b].set()
 
     async def acknowledged(self, pids: Iterable[int]) -> None:
         """Once every backup the primary waits for applied the batches of ``pids`` so far: one wait for the request,
         whatever the number of its partitions (a future and a timer each cost a loop round per partition)."""
         self._queue()
         wait: Wait | None = None
+        acks_of, shipped_to, waiters = self._acks, self._shipped_to, self._waiters
         for pid in pids:
-            acks = self._acks.get(pid)
+            acks = acks_of.get(pid)
             if acks is None:
                 continue
-            seq = self._shipped_to[pid]
+            seq = shipped_to[pid]
             if acks.last_sent < seq:  # shipped from another thread, not yet queued on the loop
                 self._queued([pid])
             if acks.acked >= seq:
@@ -251,7 +256,11 @@ class Primaries:
             if wait is None:
                 wait = Wait(asyncio.get_running_loop().create_future())
             wait.remaining += 1
-            self._waiters.setdefault(pid, []).append((seq, wait))
+            waiting = waiters.get(pid)
+            if waiting is None:
+                waiters[pid] = [(seq, wait)]
+            else:
+                waiting.append((seq, wait))
         if wait is None:
             return
         # a timer on the future, not asyncio.timeout (an inline request's first step runs outside any task,
@@ -305,10 +314,11 @@ class Primaries:
         carried: dict[int, int] = {}
         grouped = Runs() if runs else None
         dirty = self._dirty.pop(node, set())
-        pids = [pid for pid in (self._acks if full else dirty) if pid in self._acks and node in self._backups[pid]]
+        acks_of, backups_of, sent_at, shipped_to = self._acks, self._backups, self._sent, self._shipped_to
+        pids = [pid for pid in (acks_of if full else dirty) if pid in acks_of and node in backups_of[pid]]
         for pid in pids:
-            acks = self._acks[pid]
-            start = self._sent.get((node, pid))
+            acks = acks_of[pid]
+            start = sent_at.get((node, pid))
             if full:
                 if node in acks.overdue(now, self._timeout()):
                     self._report(pid, node, Report.UNREACHABLE)
@@ -319,7 +329,7 @@ class Primaries:
                     self._report(pid, node, Report.DIVERGED)  # its copy is not this primary's any more (a restore, an ingest)
             if start is None:
                 continue
-            idle = self._shipped_to[pid] <= start  # nothing past its position (most of a full look's partitions)
+            idle = shipped_to[pid] <= start  # nothing past its position (most of a full look's partitions)
             if not idle and (size > MAX_ITEMS_BYTES or pieces >= MAX_ITEMS):
                 self._dirty.setdefault(node, set()).add(pid)  # the rest next time
                 continue
@@ -327,7 +337,7 @@ class Primaries:
             if entries is None:
                 self._report(pid, node, Report.UNREACHABLE)  # too far behind: it catches up anew
                 continue
-            weight = sum([e[2] for e in entries]) if grouped is not None else 0
+            weight = (entries[0][2] if len(entries) == 1 else sum([e[2] for e in entries])) if entries else 0
             if entries and len(entries) <= MAX_ITEMS - pieces and size + weight <= MAX_ITEMS_BYTES \
                     and grouped is not None and grouped.add(pid, acks.epoch, entries):  # else as items, the message's bounds kept
                 pieces, size = pieces + len(entries), size + weight
@@ -363,11 +373,12 @@ class Primaries:
     def answered(self, node: str, replies: list, carried: dict[int, int]) -> None:
         """``node``'s answers to a ``ReplicaApply``: [[pid, last applied, status], ...]."""
         acks_of, sent, shipped_to, waiters = self._acks, self._sent, self._shipped_to, self._waiters
+        not_ready, ok = Applied.NOT_READY, Applied.OK  # an enum's member looked up once, not per partition
         for pid, applied, status in replies:
             acks = acks_of.get(pid)
             if acks is None:
                 continue
-            if status == Applied.NOT_READY:  # it holds no open copy (a restarted node): no stream brings it back, a copy does
+            if status == not_ready:  # it holds no open copy (a restarted node): no stream brings it back, a copy does
                 self._report(pid, node, Report.DIVERGED)
                 continue
             sent[node, pid] = applied  # behind: resent from there
@@ -377,7 +388,7 @@ class Primaries:
                 self._resolve(pid)
             if node in acks.in_sync:
                 continue
-            if status == Applied.OK and acks.caught_up(node, carried.get(pid)):
+            if status == ok and acks.caught_up(node, carried.get(pid)):
                 self._report(pid, node, Report.CAUGHT_UP)
             else:
                 log.debug("backup %s of partition %d: %s at %d of %d (acked %d, joining %s)", node, pid, status, applied,
@@ -390,7 +401,10 @@ class Primaries:
         entries = self._logs[pid]
         if not entries:  # a promoted copy with no tail, or a new primary, and a backup behind it
             return [] if seq >= self._shipped_to[pid] else None
-        if entries[-1][0] <= seq:
+        last = entries[-1]
+        if last[0] == seq + 1:  # the steady stream's case: the newest batch alone
+            return [last]
+        if last[0] <= seq:
             return []
         if entries[0][0] > seq + 1:
             return None
