@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -91,13 +92,17 @@ def test_output_plain_and_piped_tables_never_wrap(cluster):
 def test_watch_shows_it_again_until_interrupted(cluster):
     proc = subprocess.Popen([*COMMAND, "status", "--watch", "0.5", "--coordinator", cluster.address], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
+    header, lines = f"cluster at {cluster.address}: HEALTHY", []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # line by line, as printed
+    reader.start()
     try:
-        time.sleep(6)
+        wait_until(lambda: sum(header in line for line in list(lines)) >= 2, 60, "status shown twice")
     finally:
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err
-    assert out.count(f"cluster at {cluster.address}: HEALTHY") >= 2, out
+        proc.wait(timeout=30)
+        reader.join(30)
+    assert proc.returncode == 0, proc.stderr.read()
+    assert sum(header in line for line in lines) >= 2, lines
 
 
 def test_a_dead_node_makes_it_degraded_and_a_dead_coordinator_unavailable(tmp_path):
