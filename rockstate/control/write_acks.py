@@ -100,8 +100,9 @@ class PrimaryAcks:
             self._advance()
 
     def applied(self, backup: str, seq: int) -> list[int]:
-        if backup in self.position and seq > self.position[backup]:  # a dropped backup's late answer: ignored
-            self.position[backup] = min(seq, self.last_sent)
+        position = self.position
+        if backup in position and seq > position[backup]:  # a dropped backup's late answer: ignored
+            position[backup] = seq if seq < self.last_sent else self.last_sent
         return self._advance()
 
     def configure(self, epoch: int, backups: Iterable[str], in_sync: Iterable[str]) -> list[int]:

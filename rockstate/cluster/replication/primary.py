@@ -281,6 +281,12 @@ class Primaries:
         acks, waiting = self._acks.get(pid), self._waiters.get(pid)
         if acks is None or not waiting:
             return
+        if waiting[-1][0] <= acks.acked:  # every one (they wait in the order of their batches): the steady stream's case
+            del self._waiters[pid]
+            for _, wait in waiting:
+                if not wait.done.done():
+                    wait.one_acknowledged()
+            return
         keep = []
         for seq, wait in waiting:
             if wait.done.done():
