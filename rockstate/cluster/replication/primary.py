@@ -320,7 +320,7 @@ class Primaries:
         carried: dict[int, int] = {}
         grouped = Runs() if runs else None
         dirty = self._dirty.pop(node, set())
-        acks_of, backups_of, sent_at, shipped_to = self._acks, self._backups, self._sent, self._shipped_to
+        acks_of, backups_of, sent_at, shipped_to, logs = self._acks, self._backups, self._sent, self._shipped_to, self._logs
         pids = [pid for pid in (acks_of if full else dirty) if pid in acks_of and node in backups_of[pid]]
         for pid in pids:
             acks = acks_of[pid]
@@ -339,7 +339,11 @@ class Primaries:
             if not idle and (size > MAX_ITEMS_BYTES or pieces >= MAX_ITEMS):
                 self._dirty.setdefault(node, set()).add(pid)  # the rest next time
                 continue
-            entries = [] if idle else self._log_after(pid, start)
+            if idle:
+                entries = []
+            else:  # the steady stream's case first: the log's newest batch alone is past the backup's position
+                batches = logs[pid]
+                entries = [batches[-1]] if batches and batches[-1][0] == start + 1 else self._log_after(pid, start)
             if entries is None:
                 self._report(pid, node, Report.UNREACHABLE)  # too far behind: it catches up anew
                 continue
@@ -407,10 +411,7 @@ class Primaries:
         entries = self._logs[pid]
         if not entries:  # a promoted copy with no tail, or a new primary, and a backup behind it
             return [] if seq >= self._shipped_to[pid] else None
-        last = entries[-1]
-        if last[0] == seq + 1:  # the steady stream's case: the newest batch alone
-            return [last]
-        if last[0] <= seq:
+        if entries[-1][0] <= seq:
             return []
         if entries[0][0] > seq + 1:
             return None
