@@ -339,6 +339,7 @@ class Primaries:
             if not idle and (size > MAX_ITEMS_BYTES or pieces >= MAX_ITEMS):
                 self._dirty.setdefault(node, set()).add(pid)  # the rest next time
                 continue
+            entries: list[Kept] | None
             if idle:
                 entries = []
             else:  # the steady stream's case first: the log's newest batch alone is past the backup's position
