@@ -185,9 +185,8 @@ def test_many_partitions_in_one_frame_each_in_order_through_a_lost_frame_and_a_m
 
 def test_the_batches_replicas_keep_stay_within_their_bytes_and_a_promoted_copy_resends_what_it_kept(tmp_path):
     """Each partition keeps half to all of its share of ``kept_bytes`` of the batches every backup applied (trimmed
-    once past it, the newest at least),
-    a primary's log and a backup's tail alike; a backup behind keeps what it lacks on the primary, whatever it
-    weighs; a promoted backup's tail is what it kept, in order."""
+    once past it, the newest at least), a primary's log and a backup's tail alike; a backup behind keeps what it
+    lacks on the primary, whatever it weighs; a promoted backup's tail is what it kept, in order."""
     primary_store, backup_store = _stores(tmp_path)
     budget = 4 * 20_000  # each of the 4 partitions: ~20 KB, ~20 of the ~1 KB batches below, not TAIL (64)
     primaries = Primaries(lambda: primary_store, lambda *r: None, lambda *r: None, lambda: 5.0, budget)
