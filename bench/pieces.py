@@ -89,6 +89,7 @@ async def _run(partitions: int, root: str) -> dict[str, float]:
         for pid in range(mine):
             primaries.lead(pid, 2, ("B",), ("B",), "sync", lambda pid, seq: [])
             backup.partition(pid).backup = True
+            backups.configure(pid, 2, sole=True)  # its only backup, as with the default backup_count: no tail
             backups.adopt(pid, 2, 0)
         primaries.sender("B")
         keys = [key_of("uuid", i).encode() for i in range(KEYS * (BATCHES + 3))]

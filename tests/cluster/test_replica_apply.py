@@ -487,6 +487,30 @@ def test_a_runs_pieces_are_each_checked_as_items_are(tmp_path):
     backup_store.close()
 
 
+def test_a_partitions_only_backup_keeps_no_tail_and_one_of_two_keeps_it_again(tmp_path):
+    """With one backup a partition (the default) no replica can be behind a promoted one, so a backup keeps no tail
+    of what it applied, in runs or items; promoted it resends nothing. A second backup in the row brings the tail back."""
+    _, backup_store = _stores(tmp_path)
+    backups = Backups(lambda: backup_store)
+    for pid in PIDS:
+        backups.configure(pid, 1, sole=pid != 2)  # before the copy is adopted, as a new backup's table comes first
+        backups.adopt(pid, 1, 0)
+    request = _run()[1]
+    assert backups._apply([[3, 1, 1, stored_piece("s", request, [b"i"], [b"v"])]],
+                          [_run(pids=(0, 1, 2), seqs=(1, 1, 1), counts=(1, 1, 1))]) == [
+        [3, 1, Applied.OK], [0, 1, Applied.OK], [1, 1, Applied.OK], [2, 1, Applied.OK]]  # items first, then runs
+    assert backup_store.get_many(3, "s", [b"i"]) == backup_store.get_many(2, "s", [b"c"]) == [b"v"]
+    assert set(backups._tails) == {2} and [e[0] for e in backups._tails[2]] == [1]
+    assert backups.kept() == stored_bytes(stored_piece("s", request, [b"c"], [b"v"]))
+    backups.configure(0, 1, sole=False)  # a second backup joins partition 0's row
+    backups.configure(2, 1, sole=True)  # and partition 2's other backup leaves it: its tail goes
+    assert backups._apply([], [_run(pids=(0, 2), seqs=(2, 2), counts=(1, 1), keys=(b"x", b"y"))]) == [
+        [0, 2, Applied.OK], [2, 2, Applied.OK]]
+    assert [e[0] for e in backups._tails[0]] == [2] and 2 not in backups._tails
+    assert backups.promoted(1, 2) == [] and [e[0] for e in backups.promoted(0, 2)] == [2]
+    backup_store.close()
+
+
 @pytest.mark.parametrize("bad", [
     _run(keys=(b"a", "b", b"c")),  # a key that is not bytes
     ["s", b"r" * 16, [0, 1], [1, 1], [1, 1], [1, 2], [b"a", b"b", b"c"], [b"v", None, b"w"]],  # a value that is not

@@ -95,7 +95,7 @@ class NodeReplication:
             if self.primaries.serves(pid):
                 self.primaries.step_down(pid)
             if me in backups:
-                self.backups.configure(pid, epoch)
+                self.backups.configure(pid, epoch, sole=len(backups) == 1)
             else:
                 self.drop_backup(pid)
         self._me = me
