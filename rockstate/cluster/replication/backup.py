@@ -213,10 +213,7 @@ class Backups:
         sole = self._sole
         if sole.issuperset(taken_pids):  # the steady stream with one backup a partition: no tails
             return
-        if sole.isdisjoint(taken_pids):
-            tailed = taken
-        else:
-            tailed = [i for i in taken if pids[i] not in sole]
+        tailed = [i for i in taken if pids[i] not in sole] if sole else taken
         try:  # each kept as the item it stands for, weighed as ``stored_bytes`` would (its shape is known)
             sizes = put_pieces_bytes(counts, keys, values, request, WRITTEN)
         except TypeError:  # a value that is not bytes: the write fails it (the message whole)
