@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections import deque
 
 import msgpack
 import pytest
@@ -184,9 +185,10 @@ def test_many_partitions_in_one_frame_each_in_order_through_a_lost_frame_and_a_m
 
 
 def test_the_batches_replicas_keep_stay_within_their_bytes_and_a_promoted_copy_resends_what_it_kept(tmp_path):
-    """Each partition keeps half to all of its share of ``kept_bytes`` of the batches every backup applied (trimmed
-    once past it, the newest at least), a primary's log and a backup's tail alike; a backup behind keeps what it
-    lacks on the primary, whatever it weighs; a promoted backup's tail is what it kept, in order."""
+    """With two backups a partition, each partition keeps half to all of its share of ``kept_bytes`` of the batches
+    every backup applied (trimmed once past it, the newest at least), a primary's log and a backup's tail alike; a
+    backup behind keeps what it lacks on the primary, whatever it weighs; a promoted backup's tail is what it kept,
+    in order."""
     primary_store, backup_store = _stores(tmp_path)
     budget = 4 * 20_000  # each of the 4 partitions: ~20 KB, ~20 of the ~1 KB batches below, not TAIL (64)
     primaries = Primaries(lambda: primary_store, lambda *r: None, lambda *r: None, lambda: 5.0, budget)
@@ -196,15 +198,18 @@ def test_the_batches_replicas_keep_stay_within_their_bytes_and_a_promoted_copy_r
     async def run() -> None:
         primaries.on_loop()
         primaries.sender("b")
+        primaries.sender("c")
         for pid in PIDS:
-            primaries.lead(pid, 1, ("b",), ("b",), "sync", lambda pid, seq: [])
+            primaries.lead(pid, 1, ("b", "c"), ("b", "c"), "sync", lambda pid, seq: [])
             backups.adopt(pid, 1, 0)
         for i in range(100):
             for pid in PIDS:
                 primary_store.write(pid, [(PUT, "s", b"k%d" % i, value)])
             out = primaries.outgoing("b", False)
-            primaries.answered("b", backups._apply(p.ReplicaApply.from_wire(p.ReplicaApply(items=out.items).to_wire()).items),
-                               out.carried)
+            replies = backups._apply(p.ReplicaApply.from_wire(p.ReplicaApply(items=out.items).to_wire()).items)
+            primaries.answered("b", replies, out.carried)
+            primaries.outgoing("c", False)
+            primaries.answered("c", replies, out.carried)  # "c" applied the same (its own backup, not run here)
         primaries.outgoing("b", True)  # a full look trims the logs
         assert 0 < primaries.kept() <= budget and 0 < backups.kept() <= budget
         assert all(8 <= len(primaries._logs[pid]) < 25 and 8 <= len(backups._tails[pid]) < 25 for pid in PIDS)
@@ -358,6 +363,51 @@ def test_a_backup_behind_a_primary_whose_log_is_empty_is_reported_at_once(tmp_pa
         backup_store.close()
 
 
+def test_a_partitions_log_with_one_backup_keeps_no_batch_it_applied_and_resends_what_it_lacks(tmp_path):
+    """With one backup a partition (the default) nothing but that backup reads the primary's log (a step-down drops
+    it), and its position, once answered, never goes back: so its answer frees the batches it applied at once, and
+    keeps those past its position for a resend. Positions assumed rather than answered (a new primary's in-sync
+    backups) trim nothing."""
+    primary_store, backup_store = _stores(tmp_path)
+    primaries = Primaries(lambda: primary_store, lambda *r: None, lambda *r: None, lambda: 5.0, 1 << 20)
+    backups = Backups(lambda: backup_store)
+
+    async def run() -> None:
+        primaries.on_loop()
+        primaries.sender("b")
+        for pid in (0, 1):
+            primaries.lead(pid, 1, ("b",), ("b",), "sync", lambda pid, seq: [])
+        for i in (1, 2):
+            primary_store.write(0, [(PUT, "s", b"k%d" % i, b"v")])
+        tail = list(primaries._logs[0])
+        primaries.step_down(0)  # and leads again as a promoted backup would, its tail through batch 2 its log
+        primaries.lead(0, 2, ("b",), ("b",), "sync", lambda pid, seq: tail if pid == 0 else [])
+        primaries.outgoing("b", True)
+        assert [e[0] for e in primaries._logs[0]] == [1, 2] and primaries.kept() > 0  # "b" assumed at 2: none answered
+        backups.adopt(0, 2, 1)  # "b" holds batch 1 only
+        backups.adopt(1, 1, 0)
+        for pid in (0, 1):
+            primary_store.write(pid, [(PUT, "s", b"k3", b"v")])
+        out = primaries.outgoing("b", False)
+        assert sorted((i[0], i[2]) for i in out.items) == [(0, 3), (1, 1)]
+        replies = backups._apply(out.items, out.runs)
+        assert sorted(map(tuple, replies)) == [(0, 1, Applied.BEHIND), (1, 1, Applied.OK)]
+        primaries.answered("b", replies, out.carried)
+        assert [e[0] for e in primaries._logs[0]] == [2, 3] and primaries._logs[1] == deque()  # what it lacks is kept
+        out = primaries.outgoing("b", False)  # and resent
+        assert [(i[0], i[2]) for i in out.items] == [(0, 2), (0, 3)]
+        primaries.answered("b", backups._apply(out.items, out.runs), out.carried)
+        assert primaries._logs[0] == deque() and primaries.kept() == 0
+        assert backup_store.get_many(0, "s", [b"k2", b"k3"]) == [b"v", b"v"]
+        primaries.stop()
+
+    try:
+        asyncio.run(run())
+    finally:
+        primary_store.close()
+        backup_store.close()
+
+
 # -- runs: batch puts' pieces, carried compactly -------------------------------------------------------------------
 
 def _run(pids=(0, 1), seqs=(1, 1), counts=(1, 2), keys=(b"a", b"b", b"c"), request=b"r" * 16) -> list:
@@ -436,11 +486,12 @@ def test_batch_puts_go_as_runs_and_leave_the_backup_as_items_would(tmp_path):
         msg = _over_wire(p.ReplicaApply(items=out.items, runs=out.runs))
         replies = backups._apply(msg.items, msg.runs)
         assert sorted(map(tuple, replies)) == [(0, 2, Applied.OK), (1, 2, Applied.OK), (2, 2, Applied.OK), (3, 3, Applied.OK)]
+        logs = {pid: list(primaries._logs[pid]) for pid in PIDS}  # before the answer frees them (one backup)
         primaries.answered("b", replies, out.carried)
         await asyncio.wait_for(waiting, 5)
         # the same batches as items, to another backup
         by_items._apply(_over_wire(p.ReplicaApply(items=[[pid, 1, seq, stored] for pid in PIDS
-                                                         for seq, stored, _ in primaries._logs[pid]])).items)
+                                                         for seq, stored, _ in logs[pid]])).items)
         for pid in PIDS:
             assert backups._tails[pid] == by_items._tails[pid] and backups._tail_bytes[pid] == by_items._tail_bytes[pid]
             assert backup_store.scan(pid, "s") == items_store.scan(pid, "s") == primary_store.scan(pid, "s")
