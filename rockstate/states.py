@@ -22,7 +22,7 @@ from . import keys as keyhash
 from .serde import decode_key, decode_stream, decode_value, decode_values, encode_key, encode_keys, encode_value, encode_values, split_pair
 from .errors import InvalidInputError, UnknownStateError
 from .ops import APPEND, DELETE, DELETE_MANY, DELETE_PREFIX, PUT, PUT_MANY
-from .runs import group_by_partition, read_columns
+from .runs import read_columns, write_order
 from .store.catalog import StateSpec, check_name
 
 try:
@@ -261,15 +261,15 @@ class ValueState(_State):
         encoded, pids = prepare_keys(keys, self._P, self._backend.max_key_bytes, column)
         if not encoded:
             return
-        order, groups = group_by_partition(pids)
-        if len(groups) == 1:  # one partition: the columns as they are
+        order, groups = write_order(pids, encoded)
+        # keys and values put in partition (and key) order once, and sent as runs (columns, runs.py), not a group each
+        idx = order.tolist()
+        encoded, values = list(map(encoded.__getitem__, idx)), None if values is None else list(map(values.__getitem__, idx))
+        if len(groups) == 1:
             self._write({groups[0][0]: [(op, self.name, encoded, values)]})
             return
-        # keys and values put in partition order once, and sent as runs (columns, runs.py), not a group each
-        idx = order.tolist()
         self._writing()
-        self._backend.write_runs(op, self.name, [pid for pid, _, _ in groups], [b - a for _, a, b in groups],
-                                 list(map(encoded.__getitem__, idx)), None if values is None else list(map(values.__getitem__, idx)))
+        self._backend.write_runs(op, self.name, [pid for pid, _, _ in groups], [b - a for _, a, b in groups], encoded, values)
 
     def keys(self) -> Iterator[Any]:
         for k, _ in self._scan():

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..runs import group_by_partition, objects, read_columns
+from ..runs import objects, read_columns, write_order
 from ..states import SCAN_PAGE, Backend
 from ..store.partition import DELETE_MANY, DELETE_PREFIX, PUT_MANY
 from .expiry import add_entries
@@ -55,8 +55,8 @@ def _fetch(backend: Backend, state: str, keys: Sequence[bytes], pids: np.ndarray
 
 
 def _add_columns(writer: BatchWriter, op: int, state: str, keys: list[bytes], pids: np.ndarray, values: list[bytes] | None) -> None:
-    """``op`` (PUT_MANY or DELETE_MANY) over rows grouped by partition, keeping their order."""
-    order, groups = group_by_partition(pids)
+    """``op`` (PUT_MANY or DELETE_MANY) over rows grouped by partition, in key order (``write_order``)."""
+    order, groups = write_order(pids, keys)
     keys = objects(keys)[order].tolist()
     values = None if values is None else objects(values)[order].tolist()
     for pid, a, b in groups:

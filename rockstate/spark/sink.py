@@ -65,7 +65,7 @@ from pyspark.sql import types as T
 from ..cluster.security import load_secret
 from ..errors import BatchAppliedError, ConfigError, InvalidInputError, StageIncompleteError, StateKindError
 from ..serde import encode_values
-from ..runs import group_by_partition
+from ..runs import write_order
 from ..states import ValueState, prepare_keys
 from ..store.partition import DELETE_MANY, PUT_MANY
 from .arrow_values import encode_column
@@ -176,7 +176,7 @@ class _Writer:
                          (DELETE_MANY, [(k, p, None) for (k, p), v in latest.items() if v is None])):
             if not rows:
                 continue
-            order, groups = group_by_partition(np.fromiter((r[1] for r in rows), np.int64, len(rows)))
+            order, groups = write_order(np.fromiter((r[1] for r in rows), np.int64, len(rows)), [r[0] for r in rows])
             idx = order.tolist()
             for pid, a, b in groups:
                 chosen = [rows[i] for i in idx[a:b]]
