@@ -367,7 +367,7 @@ def test_a_partitions_log_with_one_backup_keeps_no_batch_it_applied_and_resends_
     """With one backup a partition (the default) nothing but that backup reads the primary's log (a step-down drops
     it), and its position, once answered, never goes back: so its answer frees the batches it applied at once, and
     keeps those past its position for a resend. Positions assumed rather than answered (a new primary's in-sync
-    backups) trim nothing."""
+    backups), and a dropped backup's late answer, trim nothing."""
     primary_store, backup_store = _stores(tmp_path)
     primaries = Primaries(lambda: primary_store, lambda *r: None, lambda *r: None, lambda: 5.0, 1 << 20)
     backups = Backups(lambda: backup_store)
@@ -399,6 +399,14 @@ def test_a_partitions_log_with_one_backup_keeps_no_batch_it_applied_and_resends_
         primaries.answered("b", backups._apply(out.items, out.runs), out.carried)
         assert primaries._logs[0] == deque() and primaries.kept() == 0
         assert backup_store.get_many(0, "s", [b"k2", b"k3"]) == [b"v", b"v"]
+        # "b" replaced by "c" (behind it, say): a late answer of "b" frees nothing "c" may lack
+        primaries.lead(1, 2, ("c",), (), "sync", lambda pid, seq: [])
+        primaries.copied("c", 1, 1)
+        primary_store.write(1, [(PUT, "s", b"k4", b"v")])
+        primaries.answered("b", [[1, 2, Applied.OK]], {})
+        assert [e[0] for e in primaries._logs[1]] == [2]
+        primaries.answered("c", [[1, 2, Applied.OK]], {})
+        assert primaries._logs[1] == deque()
         primaries.stop()
 
     try:

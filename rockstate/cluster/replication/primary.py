@@ -387,9 +387,10 @@ class Primaries:
             sent[node, pid] = applied  # behind: resent from there
             if applied < shipped_to.get(pid, 0):
                 self._dirty.setdefault(node, set()).add(pid)
-            entries = logs[pid]
-            if entries and entries[0][0] <= applied and len(backups_of[pid]) == 1:  # its only backup: no tail (_trim);
-                # an answered position never goes back (a backup that lost its copy gets a new one: ``copied``)
+            entries, backups = logs[pid], backups_of[pid]
+            if entries and entries[0][0] <= applied and len(backups) == 1 and backups[0] == node:  # its only backup
+                # (not one just dropped, whose successor may be behind it): no tail (_trim). An answered position
+                # never goes back (a backup that lost its copy gets a new one: ``copied``)
                 trimmed = trimmed_of[pid]
                 while entries and entries[0][0] <= applied:
                     trimmed += entries.popleft()[2]
