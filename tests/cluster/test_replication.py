@@ -291,3 +291,36 @@ def test_a_partitions_replicas_are_in_distinct_zones(cluster):
     for r in status["replicas"]:
         replicas = [r["primary"], *(b["node"] for b in r["backups"])]
         assert len(replicas) == 2 and len({zones[n] for n in replicas}) == 2, r
+
+
+@pytest.mark.timeout(150)
+@gen_cluster(nodes=3, partitions=16, heartbeat_timeout=HEARTBEAT_TIMEOUT, processes=True,
+             coordinator_settings={"replication": "async"})
+def test_async_replication_reaches_the_backups_and_a_kill_after_they_applied_loses_nothing(cluster):
+    """``replication: async`` answers a write once its primary applied it, and the backups follow: once a stale-read
+    client reads every write from the backups, a kill -9 of a primary's node loses none of them (a death may lose
+    only what its backups had not applied yet: docs/guarantees.md). Batch puts in key order (more than 8 keys a
+    partition), single puts and a compare-and-set, string and tuple keys."""
+    cluster.wait_replicated(60)
+    with cluster.connect(retry_timeout=30) as rs, cluster.connect(read_from_backup=True, retry_timeout=10) as stale:
+        state = rs.value_state("orders")
+        expected: dict = {}
+        for batch in range(4):
+            chunk = {f"order-{batch}-{i:05d}": {"amount": f"{i}.{batch}5", "day": "2026-11-28"} for i in range(500)}
+            state.put_many(chunk)
+            expected.update(chunk)
+        for i in range(40):
+            state.put(("tenant-7", i), i)
+            expected["tenant-7", i] = i
+        assert state.compare_and_set("order-0-00000", expected["order-0-00000"], {"amount": "0.00", "day": "void"})
+        expected["order-0-00000"] = {"amount": "0.00", "day": "void"}
+        keys = list(expected)
+        backups = stale.value_state("orders")
+        wait_until(lambda: backups.get_many(keys) == [expected[k] for k in keys], 30, "the backups hold every write")
+        victim = rs.backend.refresh().owners[0]
+        lost = set(rs.backend.refresh().owned_by(victim))
+        after = last_event(cluster)
+        cluster.kill_node(victim)
+        wait_until(lambda: {e["partition"] for e in promoted(cluster, after)} >= lost, 30, f"partitions {sorted(lost)} promoted")
+        assert state.get_many(keys) == [expected[k] for k in keys]
+        assert "partition_restored" not in [e["event"] for e in cluster.status()["events"]]
