@@ -49,7 +49,8 @@ States of one member::
   of partitions or backups, whatever rebalances, until ``undrain`` (only
   while it is heard: a silent one would be declared dead at once); it never
   expires (it holds nothing). Its own leave as its process stops moves
-  nothing (``stopped`` until heard again). A drain that fails leaves it
+  nothing (``stopped`` until it registers again: a heartbeat sent as it left
+  may arrive after its leave). A drain that fails leaves it
   ALIVE: it still serves what did not move.
 - ``remove(node_id, now, holds)``: forget a member for good. Refused
   (``MembershipChangeError``) for an ALIVE or LEAVING member (drain it
@@ -96,7 +97,7 @@ class Member:
     last_seen: float = 0.0  # monotonic
     suspect: bool = False  # ALIVE and silent for longer than suspect_after (Membership.suspects)
     drain: bool = False  # LEAVING for a drain: it ends DRAINED (kept with the record, as the status is)
-    stopped: bool = False  # DRAINED and said it stops (its own leave), not heard since
+    stopped: bool = False  # DRAINED and said it stops (its own leave), not registered since
     settings: dict | None = None  # the coordinator's settings its registration gave it (None: not known, an older record)
     # the checkpoint storage URL its registration answered ("": none; None: not known, a record older than this field).
     # A node learns the storage only when it registers: one registered before the storage was set cannot checkpoint
@@ -167,6 +168,7 @@ class Membership:
         member.address, member.last_seen = address, now
         if member.status is not MemberStatus.DRAINED:  # a drained node stays drained across its restarts
             member.status = MemberStatus.ALIVE
+        member.stopped = False  # a process that runs again registers first
         self._heard(member)
         return node_id, joined
 
@@ -182,7 +184,6 @@ class Membership:
         return returned
 
     def _heard(self, member: Member) -> None:
-        member.stopped = False
         if member.suspect:
             member.suspect = False
             self._recovered.append(member)

@@ -117,6 +117,7 @@ def test_remove_forgets_only_a_member_that_is_gone_and_holds_nothing():
     with pytest.raises(MembershipChangeError, match="drained but its process still runs"):
         ms.remove("node-2", 1.0, [])
     ms.leave("node-2")  # it stops: its own leave
+    ms.heartbeat("node-2", 1.4)  # sent as it left, arriving after the leave: it still stopped
     assert ms.remove("node-2", 1.5, []).node_id == "node-2" and "node-2" not in ms.members
     ms.leave("node-3", drain=True)
     ms.left("node-3")
