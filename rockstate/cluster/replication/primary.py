@@ -389,8 +389,7 @@ class Primaries:
                 self._dirty.setdefault(node, set()).add(pid)
             entries, backups = logs[pid], backups_of[pid]
             if entries and entries[0][0] <= applied and len(backups) == 1 and backups[0] == node:  # its only backup
-                # (not one just dropped, whose successor may be behind it): no tail (_trim). An answered position
-                # never goes back (a backup that lost its copy gets a new one: ``copied``)
+                # (not one just dropped, whose successor may be behind), whose answered position never goes back
                 trimmed = trimmed_of[pid]
                 while entries and entries[0][0] <= applied:
                     trimmed += entries.popleft()[2]
@@ -427,10 +426,9 @@ class Primaries:
     def _trim(self, pids: Iterable[int]) -> None:
         """The logs' batches every backup applied, once past TAIL + TAIL/2 or past the partition's share of
         ``kept_bytes``, down to TAIL and to half the share (a backup behind keeps what it lacks: MAX_LOG bounds it):
-        a log trimmed at every look, a batch or two each time, was 3 % of a node's CPU under P=1024 puts. They keep
-        the batches a promoted primary's tail brought for the backups it assumes in sync (``lead``) until they
-        answer; with one backup ``answered`` frees what it applied at once (nothing else reads a log), and freed 64
-        batches later, cold, they were 4 % of a node's CPU."""
+        a log trimmed at every look, a batch or two each time, was 3 % of a node's CPU under P=1024 puts. The tail
+        serves backups a promoted primary assumes in sync (``lead``) until they answer; with one backup ``answered``
+        frees at once (freed here, cold, they were 4 % of a node's CPU)."""
         share = None if self._kept_bytes is None else self._kept_bytes // max(1, len(self._acks))
         half = None if share is None else share // 2
         added, trimmed_of = self._log_added, self._log_trimmed
