@@ -13,7 +13,6 @@ jitter"): clients that failed together do not come back together.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable, TypeVar
 
@@ -38,29 +37,27 @@ class Retry:
     def replace(self, **changes: Any) -> "Retry":
         return replace(self, **changes)
 
-    def _retrying(self, cls: type, before: Callable | None) -> Any:
+    def _retrying(self, cls: type, **extra: Any) -> Any:
         return cls(stop=tenacity.stop_never if self.deadline is None else tenacity.stop_after_delay(self.deadline),
                    wait=tenacity.wait_random_exponential(multiplier=self.initial, max=self.maximum),
-                   retry=tenacity.retry_if_exception(self.retry_on), reraise=True,
-                   **({} if before is None else {"before": before}))
+                   retry=tenacity.retry_if_exception(self.retry_on), reraise=True, **extra)
 
-    def call(self, fn: Callable[..., T], *args: Any, between: Callable[[], None] | None = None,
+    def call(self, fn: Callable[..., T], *args: Any, sleep: Callable[[float], None] | None = None,
              give_up: Callable[[BaseException], BaseException] | None = None, **kwargs: Any) -> T:
-        """``fn(*args, **kwargs)``, retried. ``between()`` runs before each retry; ``give_up(last error)``
-        is raised (from the last error) when the deadline has passed."""
+        """``fn(*args, **kwargs)``, retried. ``sleep(seconds)`` spends each wait (``time.sleep`` by default: the
+        routing client waits for a newer table instead, and may return early); ``give_up(last error)`` is raised
+        (from the last error) when the deadline has passed."""
         try:
-            before = None if between is None else lambda state: between() if state.attempt_number > 1 else None
-            return self._retrying(tenacity.Retrying, before)(fn, *args, **kwargs)
+            return self._retrying(tenacity.Retrying, **({} if sleep is None else {"sleep": sleep}))(fn, *args, **kwargs)
         except Exception as exc:
             self._give_up(exc, give_up)
             raise
 
-    async def acall(self, fn: Callable[..., Awaitable[T]], *args: Any, between: Callable[[], Any] | None = None,
+    async def acall(self, fn: Callable[..., Awaitable[T]], *args: Any,
                     give_up: Callable[[BaseException], BaseException] | None = None, **kwargs: Any) -> T:
-        """The same for a coroutine function; waits with ``asyncio.sleep``, ``between`` may be async."""
+        """The same for a coroutine function; waits with ``asyncio.sleep``."""
         try:
-            return await self._retrying(tenacity.AsyncRetrying, None if between is None else _after_first(between))(
-                fn, *args, **kwargs)
+            return await self._retrying(tenacity.AsyncRetrying)(fn, *args, **kwargs)
         except Exception as exc:
             self._give_up(exc, give_up)
             raise
@@ -70,10 +67,3 @@ class Retry:
         if give_up is not None and self.retry_on(exc):
             raise give_up(exc) from exc
 
-
-def _after_first(between: Callable[[], Any]) -> Callable:
-    async def before(state: tenacity.RetryCallState) -> None:
-        if state.attempt_number > 1 and inspect.isawaitable(done := between()):
-            await done
-
-    return before

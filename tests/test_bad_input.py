@@ -515,6 +515,10 @@ def _out_of_range(epoch: int, pid: int) -> dict:
                            "field 'wait' of 'events' message must be a finite number >= 0, not -1.0"),
         "events wait nan": ("coordinator", {**p.Events().to_wire(), "wait": float("nan")}, "wait",
                             "must be a finite number >= 0, not nan"),
+        "get table wait 61": ("coordinator", {"op": "get_table", "newer_than": 0, "wait": 61.0}, "wait",
+                              "field 'wait' of 'get_table' message must be a finite number from 0 to 60.0, not 61.0"),
+        "get table newer than -1": ("coordinator", {"op": "get_table", "newer_than": -1, "wait": 1.0}, "newer_than",
+                                    "field 'newer_than' of 'get_table' message must be an int from 0 to 2**63 - 1, not -1"),
         "inspect checkpoint -1": ("coordinator", {"op": "inspect_checkpoint", "checkpoint": -1}, "checkpoint",
                                   "field 'checkpoint' of 'inspect_checkpoint' message must be an int from 0 to 2**63 - 1"),
     }

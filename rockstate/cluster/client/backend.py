@@ -4,7 +4,10 @@ It caches the partition table, sends a batch as one request per owner (all
 owners at once, see ``call_many``), and on NOT_OWNER, a moving partition or a
 lost connection refreshes the table and retries the groups that failed, until
 ``retry_timeout``; then it raises a ``ClusterTimeoutError`` naming the last
-error. Synchronous and thread-safe: it runs inside Spark executors.
+error. Between two tries it waits for a newer table (``GetTable.wait``) rather
+than sleeping: a partition promoted after its node's death is retried as soon
+as the nodes have the table, not at the end of the backoff's wait.
+Synchronous and thread-safe: it runs inside Spark executors.
 
 Retries: reads and scans are safe to repeat. Each write and compare-and-set
 carries a request id, the same in all its retries, and the owner applies it
@@ -17,6 +20,7 @@ from __future__ import annotations
 import logging
 from ssl import SSLContext
 import threading
+import time
 from typing import Any, Callable, Iterable, cast
 
 import numpy as np
@@ -58,6 +62,7 @@ class ClusterBackend:
         self.retry_timeout = retry_timeout
         self.read_from_backup = read_from_backup
         self._runs_written = True  # batch puts as ``WriteRuns`` (False: a node of an earlier version refused one)
+        self._tables_waited = True  # retries wait for a newer table (False: a coordinator of an earlier version)
         self.retry = Retry(deadline=retry_timeout)
         self._timeout = timeout
         self._secret = load_secret(None) if secret is None else secret
@@ -89,11 +94,31 @@ class ClusterBackend:
         return Table.from_wire(reply)
 
     def refresh(self) -> Table:
-        table = self._fetch_table()
+        return self._take(self._fetch_table())
+
+    def _take(self, table: Table) -> Table:
         with self._lock:
             if table.epoch > self.table.epoch:
                 self.table = table
             return self.table
+
+    def _wait_for_table(self, seconds: float) -> None:
+        """A retry's wait: over once the coordinator has sent the nodes a newer table than this client's (a
+        promotion, a move), or after ``seconds``; the table is fresh either way."""
+        end = time.monotonic() + seconds
+        if self._tables_waited:
+            try:
+                reply = self._coordinator.call(p.GetTable(newer_than=self.table.epoch, wait=seconds), seconds + self._timeout)
+                if reply is not None:
+                    self._take(Table.from_wire(reply))
+                return
+            except ProtocolError:  # a coordinator of an earlier version knows no such field: sleep, then refresh
+                self._tables_waited = False
+            except RockstateError as e:
+                if not e.retryable:
+                    raise
+        time.sleep(max(0.0, end - time.monotonic()))
+        self._refresh_quietly()
 
     def _new_channel(self, address: str) -> Channel:
         return Channel(address, timeout=self._timeout, secret=self._secret, ssl=self._ssl, name="client")
@@ -160,7 +185,7 @@ class ClusterBackend:
             if not e.retryable:
                 raise
         self._refresh_quietly()
-        return self.retry.call(attempt, between=self._refresh_quietly, give_up=give_up)
+        return self.retry.call(attempt, sleep=self._wait_for_table, give_up=give_up)
 
     def _refresh_quietly(self) -> None:
         try:

@@ -67,7 +67,9 @@ class ClusterAnswers:
             await self._broadcast(p.NodeDefineState(spec=spec.to_dict()))
             return spec
 
-    async def get_table(self, msg: p.GetTable, conn: Connection) -> dict:
+    async def get_table(self, msg: p.GetTable, conn: Connection) -> dict | None:
+        if msg.wait and not await self.state.newer_table(msg.newer_than, msg.wait):
+            return None  # none newer: the client keeps its own
         return {**self.state.table.to_wire(), "limits": limits(self.config)}
 
     async def count(self, msg: p.Count, conn: Connection) -> int:

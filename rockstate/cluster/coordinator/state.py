@@ -8,6 +8,7 @@ the record too, kept by ``replication/in_sync.py``'s ``ReplicaControl``.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 
@@ -42,6 +43,23 @@ class ClusterState:
     membership: Membership = field(default_factory=lambda: Membership(0.0))
     pipelines: dict[str, dict] = field(default_factory=dict)
     failovers: set[str] = field(default_factory=set)  # dead nodes whose partitions are not restored yet
+    _sent: asyncio.Event = field(default_factory=asyncio.Event, repr=False)  # set (and replaced) as a table is sent
+
+    def table_sent(self) -> None:
+        """A table reached the nodes: a client waiting for a newer one (``newer_table``) takes it now."""
+        self._sent.set()
+        self._sent = asyncio.Event()
+
+    async def newer_table(self, epoch: int, wait: float) -> bool:
+        """Whether the table is newer than ``epoch``, once a table newer than it was sent to the nodes or ``wait``
+        seconds passed (at once if the table is newer already)."""
+        deadline = time.monotonic() + wait
+        while self.table.epoch <= epoch and (left := deadline - time.monotonic()) > 0:
+            try:
+                await asyncio.wait_for(self._sent.wait(), left)
+            except TimeoutError:
+                break
+        return self.table.epoch > epoch
 
     def take_up(self, config: CoordinatorConfig, saved: dict, events: EventLog) -> None:
         """A saved record ({}: a new cluster), with the event log kept beside it."""

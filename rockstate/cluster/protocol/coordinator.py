@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from .base import I64, Message, Ranged
 
+MAX_TABLE_WAIT = 60.0  # seconds a GetTable may wait for a newer table
+
 # -- served by the coordinator ---------------------------------------------------
 
 
@@ -61,8 +63,21 @@ class RemoveMember(Ranged, Message):
     node_id: str
 
 
-class GetTable(Message):
+class GetTable(Ranged, Message):
+    """The partition table. With ``wait``: once the coordinator has sent the nodes a table newer than epoch
+    ``newer_than`` (at once if it holds one), None after ``wait`` seconds without one: a client retrying a
+    partition that had no live owner takes its promotion as soon as the nodes have it."""
+
     op = "get_table"
+    ranges = {"newer_than": (0, I64), "wait": (0, MAX_TABLE_WAIT)}
+    newer_than: int = 0
+    wait: float = 0.0
+
+    def to_wire(self) -> dict:  # a coordinator of an earlier version knows neither field: sent only to wait
+        wire = super().to_wire()
+        if not self.wait:
+            del wire["newer_than"], wire["wait"]
+        return wire
 
 
 class DefineState(Message):
