@@ -55,9 +55,12 @@ class Backend(Protocol):
     """What a state handle (and ``Rockstate``) needs from where the partitions live."""
 
     partitions: int
-    max_key_bytes: int
-    max_value_bytes: int
     checkpointer: Checkpointer | None  # None: no checkpoint storage
+
+    @property
+    def max_key_bytes(self) -> int: ...  # the cluster's limits (read only: the coordinator's, kept with its table)
+    @property
+    def max_value_bytes(self) -> int: ...
 
     def define_state(self, spec: StateSpec, create: bool = True) -> StateSpec: ...  # create=False: UnknownStateError if none
     def write(self, ops_by_pid: dict[int, list["Op"]]) -> None: ...

@@ -4,7 +4,7 @@ It caches the partition table, sends a batch as one request per owner (all
 owners at once, see ``call_many``), and on NOT_OWNER, a moving partition or a
 lost connection refreshes the table and retries the groups that failed, until
 ``retry_timeout``; then it raises a ``ClusterTimeoutError`` naming the last
-error. Between two tries it waits for a newer table (``GetTable.wait``) rather
+error. Between two tries it waits for a newer table (``tables.py``) rather
 than sleeping: a partition promoted after its node's death is retried as soon
 as the nodes have the table, not at the end of the backoff's wait.
 Synchronous and thread-safe: it runs inside Spark executors.
@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 from ssl import SSLContext
 import threading
-import time
 from typing import Any, Callable, Iterable, cast
 
 import numpy as np
@@ -39,6 +38,7 @@ from ...store import StateSpec, requests
 from .. import protocol as p
 from .bulk import upload_and_ingest
 from .checkpoints import ClusterCheckpointClient
+from .tables import Tables
 from .events import Subscription
 from ..leader_channel import CoordinatorChannel
 from ..security import load_secret
@@ -62,7 +62,6 @@ class ClusterBackend:
         self.retry_timeout = retry_timeout
         self.read_from_backup = read_from_backup
         self._runs_written = True  # batch puts as ``WriteRuns`` (False: a node of an earlier version refused one)
-        self._tables_waited = True  # retries wait for a newer table (False: a coordinator of an earlier version)
         self.retry = Retry(deadline=retry_timeout)
         self._timeout = timeout
         self._secret = load_secret(None) if secret is None else secret
@@ -72,7 +71,7 @@ class ClusterBackend:
         self._channels: dict[str, Channel] = {}
         self._lock = threading.Lock()
         self.checkpointer: Checkpointer | None = ClusterCheckpointClient(self._coordinator, self._ask)  # one: it remembers the last restore
-        self.table: Table = self._fetch_table(retry=wait)
+        self.tables = Tables(self._coordinator, self._ask, timeout, wait)
         self.partitions = self.table.partitions
 
     # -- table and channels --------------------------------------------------
@@ -87,38 +86,20 @@ class ClusterBackend:
             self._coordinator.call, msg, timeout,
             give_up=lambda e: ClusterTimeoutError(f"gave up after {self.retry_timeout:g}s reaching the coordinator: {e}"))
 
-    def _fetch_table(self, retry: bool = True) -> Table:
-        reply = self._ask(p.GetTable()) if retry else self._coordinator.call(p.GetTable())
-        self.max_key_bytes = reply["limits"]["max_key_bytes"]
-        self.max_value_bytes = reply["limits"]["max_value_bytes"]
-        return Table.from_wire(reply)
+    @property
+    def table(self) -> Table:
+        return self.tables.table
+
+    @property
+    def max_key_bytes(self) -> int:
+        return self.tables.limits["max_key_bytes"]
+
+    @property
+    def max_value_bytes(self) -> int:
+        return self.tables.limits["max_value_bytes"]
 
     def refresh(self) -> Table:
-        return self._take(self._fetch_table())
-
-    def _take(self, table: Table) -> Table:
-        with self._lock:
-            if table.epoch > self.table.epoch:
-                self.table = table
-            return self.table
-
-    def _wait_for_table(self, seconds: float) -> None:
-        """A retry's wait: over once the coordinator has sent the nodes a newer table than this client's (a
-        promotion, a move), or after ``seconds``; the table is fresh either way."""
-        end = time.monotonic() + seconds
-        if self._tables_waited:
-            try:
-                reply = self._coordinator.call(p.GetTable(newer_than=self.table.epoch, wait=seconds), seconds + self._timeout)
-                if reply is not None:
-                    self._take(Table.from_wire(reply))
-                return
-            except ProtocolError:  # a coordinator of an earlier version knows no such field: sleep, then refresh
-                self._tables_waited = False
-            except RockstateError as e:
-                if not e.retryable:
-                    raise
-        time.sleep(max(0.0, end - time.monotonic()))
-        self._refresh_quietly()
+        return self.tables.refresh()
 
     def _new_channel(self, address: str) -> Channel:
         return Channel(address, timeout=self._timeout, secret=self._secret, ssl=self._ssl, name="client")
@@ -184,15 +165,8 @@ class ClusterBackend:
         except RockstateError as e:
             if not e.retryable:
                 raise
-        self._refresh_quietly()
-        return self.retry.call(attempt, sleep=self._wait_for_table, give_up=give_up)
-
-    def _refresh_quietly(self) -> None:
-        try:
-            self.refresh()
-        except RockstateError as e:
-            if not e.retryable:
-                raise
+        self.tables.refresh_quietly()
+        return self.retry.call(attempt, sleep=self.tables.wait, give_up=give_up)
 
     # -- the Backend protocol --------------------------------------------------
 
