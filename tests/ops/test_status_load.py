@@ -1,14 +1,17 @@
-"""The status page's pure parts: a node's load counters checked and turned into rates (web/load.py), and
-/api/events' query string checked (web/server.py) -- the HTTP and browser side is test_status_page.py's."""
+"""The status page's pure parts: a node's load counters checked and turned into rates (web/load.py),
+/api/events' query string checked (web/server.py), how often the sizes are counted (web/status.py's ``Asked``)
+-- the HTTP and browser side is test_status_page.py's."""
 
+import asyncio
 import math
+from types import SimpleNamespace
 
 import pytest
 from multidict import MultiDict, MultiDictProxy
 
 from rockstate.cluster.coordinator.web.load import SAMPLE_EVERY, SAMPLES, WINDOW, LoadHistory, parse
 from rockstate.cluster.coordinator.web.server import event_query
-from rockstate.cluster.coordinator.web.status import events_document
+from rockstate.cluster.coordinator.web.status import FIGURES_EVERY, SIZES_EVERY, SIZES_SLOWER, Asked, events_document
 from rockstate.errors import InvalidInputError
 
 BOUNDS = [0.001, 0.01, 0.1]
@@ -79,3 +82,37 @@ def test_events_document_filters_and_counts():
     assert events_document(events, {"a", "c"}, 2) == {"types": {"a": 3, "b": 1, "c": 1}, "events": [events[3], events[4]]}
     assert events_document(events, None, 10)["events"] == events
     assert events_document(events, {"zzz"}, 10)["events"] == []
+
+
+def test_sizes_are_asked_as_often_as_the_page_refreshes_unless_counting_took_long():
+    """``Asked``'s pacing alone (a stand-in channel whose answer takes as long as asked: a store slow enough to count
+    would take minutes to build): every SIZES_EVERY seconds after a quick count, SIZES_SLOWER times a slow one's
+    duration after it, whoever reads meanwhile."""
+    took = [0.0]
+    asked: list[float] = []
+
+    class Channel:
+        async def call(self, msg, timeout):
+            asked.append(1)
+            await asyncio.sleep(took[0])
+            return {"states": {}, "partitions": {}}
+
+    async def main():
+        sizes = Asked(lambda: [SimpleNamespace(node_id="node-1")], lambda node: Channel(), lambda: None,
+                      every=SIZES_EVERY, timeout=5.0, slower=SIZES_SLOWER)
+        assert SIZES_EVERY == FIGURES_EVERY  # fresh with the page
+        await sizes.get()
+        await sizes.get()
+        assert len(asked) == 1  # read again at once: the answers kept
+        sizes.at -= SIZES_EVERY  # the page's next refresh
+        took[0] = 0.2
+        await sizes.get()  # a count that took 0.2 s
+        assert len(asked) == 2 and sizes.took >= 0.2
+        sizes.at -= SIZES_EVERY
+        await sizes.get()
+        assert len(asked) == 2  # not before SIZES_SLOWER * 0.2 s
+        sizes.at -= SIZES_SLOWER * sizes.took
+        await sizes.get()
+        assert len(asked) == 3
+
+    asyncio.run(main())

@@ -101,7 +101,7 @@ def test_page_shows_the_live_cluster_and_follows_a_join(cluster, browser, tmp_pa
         rs.value_state("q1.agg.counts").put_many({f"user-{i}": i for i in range(5)})
     written = {partition_of(f"user-{i}", 12) for i in range(5)}
     browser.get(cluster.status_url)
-    # counted at most every 10 s: a count from before the writes may show first
+    # counted at most every 2 s on so little data: a count from before the writes may show first
     wait_until(lambda: (shown_state(browser, "q1.agg.counts") or [""] * 4)[3] == "5", 30, "the state table to count q1.agg.counts")
     name, kind, ttl, keys, size, query, operator = shown_state(browser, "q1.agg.counts")
     assert (kind, ttl, keys, query, operator) == ("value", "—", "5", "q1", "agg") and size.endswith(" B"), shown_state(browser, "q1.agg.counts")

@@ -21,7 +21,7 @@ from .metrics import CoordinatorMetrics
 from .peers import Peers
 from .state import ClusterState, limits, node_settings
 from .web.load import SAMPLE_EVERY, LoadHistory
-from .web.status import FIGURES_EVERY, FIGURES_TIMEOUT, SIZES_EVERY, SIZES_TIMEOUT, Asked, cluster_status, sizes, table_status
+from .web.status import FIGURES_EVERY, FIGURES_TIMEOUT, SIZES_EVERY, SIZES_SLOWER, SIZES_TIMEOUT, Asked, cluster_status, sizes, table_status
 from .. import protocol as p
 from ..replication.in_sync import ReplicaControl
 
@@ -44,7 +44,7 @@ class ClusterAnswers:
         alive = lambda: self.state.membership.alive()  # the membership is replaced when a record is taken up
         self.figures = Asked(alive, peers.channel, p.NodeFigures, every=FIGURES_EVERY,
                              timeout=FIGURES_TIMEOUT, answered=self.load.record)
-        self.sizes = Asked(alive, peers.channel, p.NodeStats, every=SIZES_EVERY, timeout=SIZES_TIMEOUT)
+        self.sizes = Asked(alive, peers.channel, p.NodeStats, every=SIZES_EVERY, timeout=SIZES_TIMEOUT, slower=SIZES_SLOWER)
 
     async def sample_load(self) -> None:
         """The leader's task: the nodes' figures every SAMPLE_EVERY seconds, so the page's graphs of their load cover

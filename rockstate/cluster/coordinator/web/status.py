@@ -8,7 +8,9 @@ the status is read (tests and ``LocalCluster.wait_balanced`` poll it many
 times a second). The states' and partitions' sizes are ``rs.stats()``'s
 (``NodeStats``: exact, every entry read), so they are asked in the background
 while the status is read, at most every ``SIZES_EVERY`` seconds and never
-more often than ``SLOWER`` times the last asking took; the document shows
+more often than ``SIZES_SLOWER`` times the last asking took (a node reads its
+entries at most a thirtieth of the time someone watches: a small store's
+counts as fresh as the page, a large one's minutes old); the document shows
 the last answers and their age.
 """
 
@@ -28,8 +30,9 @@ from ...table import Table
 FIGURES_TIMEOUT = 1.0
 FIGURES_EVERY = 2.0  # the page refreshes every 2 s
 SIZES_TIMEOUT = 30.0
-SIZES_EVERY = 10.0
+SIZES_EVERY = FIGURES_EVERY
 SLOWER = 10  # an asking that took t seconds is not redone for SLOWER * t seconds
+SIZES_SLOWER = 30  # the sizes': every entry read
 EVENTS = 100  # recent events in the document
 MOVES = ("migration_started", "migration_finished", "migration_failed")
 LIVE = (MemberStatus.ALIVE, MemberStatus.LEAVING)  # statuses whose partitions are served
@@ -64,17 +67,17 @@ class Asked:
     every new set of answers."""
 
     def __init__(self, alive: Callable[[], list[Member]], channel: Callable[[str], AsyncChannel],
-                 message: Callable[[], p.Message], *, every: float, timeout: float,
+                 message: Callable[[], p.Message], *, every: float, timeout: float, slower: float = SLOWER,
                  answered: Callable[[float, dict[str, dict | None]], None] | None = None) -> None:
         self._alive, self._channel, self._message, self._answered = alive, channel, message, answered
-        self.every, self.timeout = every, timeout
+        self.every, self.timeout, self.slower = every, timeout, slower
         self.at = float("-inf")  # when the answers kept were asked for (monotonic)
         self.took = 0.0
         self.by_node: dict[str, dict | None] = {}
         self._pending: asyncio.Future[dict[str, dict | None]] | None = None
 
     def _due(self) -> bool:
-        return time.monotonic() - self.at >= max(self.every, SLOWER * self.took)
+        return time.monotonic() - self.at >= max(self.every, self.slower * self.took)
 
     async def get(self) -> dict[str, dict | None]:
         if self._due():
