@@ -346,7 +346,7 @@ class Placement:
             answers = [a for a in answers if a[0].node_id not in refused]
             answers += await self.peers.broadcast(rest, p.ApplyTable(table=table.to_wire()))
         sent.table, sent.epochs = table, {peer.node_id: epoch for peer, epoch in answers if type(epoch) is int}
-        self.state.table_sent()
+        self.state.table_sent(table.epoch)
 
     def _members(self, include_leaving: bool) -> list:
         wanted = (MemberStatus.ALIVE, MemberStatus.LEAVING) if include_leaving else (MemberStatus.ALIVE,)

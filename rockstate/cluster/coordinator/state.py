@@ -43,18 +43,20 @@ class ClusterState:
     membership: Membership = field(default_factory=lambda: Membership(0.0))
     pipelines: dict[str, dict] = field(default_factory=dict)
     failovers: set[str] = field(default_factory=set)  # dead nodes whose partitions are not restored yet
+    sent_epoch: int = 0  # of the last table sent to the nodes (by this process)
     _sent: asyncio.Event = field(default_factory=asyncio.Event, repr=False)  # set (and replaced) as a table is sent
 
-    def table_sent(self) -> None:
+    def table_sent(self, epoch: int) -> None:
         """A table reached the nodes: a client waiting for a newer one (``newer_table``) takes it now."""
+        self.sent_epoch = max(self.sent_epoch, epoch)
         self._sent.set()
         self._sent = asyncio.Event()
 
     async def newer_table(self, epoch: int, wait: float) -> bool:
-        """Whether the table is newer than ``epoch``, once a table newer than it was sent to the nodes or ``wait``
-        seconds passed (at once if the table is newer already)."""
+        """Whether the table is newer than ``epoch``, once the nodes have one newer than it (so that a client
+        does not try owners that do not know they are yet) or after ``wait`` seconds."""
         deadline = time.monotonic() + wait
-        while self.table.epoch <= epoch and (left := deadline - time.monotonic()) > 0:
+        while self.sent_epoch <= epoch and (left := deadline - time.monotonic()) > 0:
             try:
                 await asyncio.wait_for(self._sent.wait(), left)
             except TimeoutError:
@@ -64,6 +66,7 @@ class ClusterState:
     def take_up(self, config: CoordinatorConfig, saved: dict, events: EventLog) -> None:
         """A saved record ({}: a new cluster), with the event log kept beside it."""
         self.table = Table.from_wire(saved["table"]) if saved else Table.empty(config.partitions)
+        self.sent_epoch = self.table.epoch  # the record's table went to the nodes as it was saved (or is sent again)
         self.specs = {d["name"]: StateSpec.from_dict(d) for d in saved.get("states", [])}
         # a restarted coordinator, or a new leader, gives every node a full timeout to check in
         self.membership = Membership.from_wire(config.heartbeat_timeout, saved, time.monotonic())

@@ -65,8 +65,8 @@ class RemoveMember(Ranged, Message):
 
 class GetTable(Ranged, Message):
     """The partition table. With ``wait``: once the coordinator has sent the nodes a table newer than epoch
-    ``newer_than`` (at once if it holds one), None after ``wait`` seconds without one: a client retrying a
-    partition that had no live owner takes its promotion as soon as the nodes have it."""
+    ``newer_than`` (at once if it has), None after ``wait`` seconds without one: a client retrying a partition
+    that had no live owner takes its promotion as soon as the nodes have it."""
 
     op = "get_table"
     ranges = {"newer_than": (0, I64), "wait": (0, MAX_TABLE_WAIT)}
