@@ -1,11 +1,15 @@
 """A client retrying a partition that lost its owner waits for the coordinator's next table, not for its backoff."""
 
+import asyncio
 import threading
 import time
 
 import pytest
 
 from rockstate.cluster import protocol as p
+from rockstate.cluster.coordinator.events import EventLog
+from rockstate.cluster.coordinator.state import ClusterState
+from rockstate.cluster.table import Table
 from rockstate.local.cluster import wait_until
 from rockstate.retry import Retry
 from rockstate.testing.cluster import local_cluster
@@ -57,3 +61,27 @@ def test_a_get_table_that_does_not_wait_carries_no_new_field():
     assert p.GetTable.from_wire({"op": "get_table"}) == p.GetTable()
     with pytest.raises(Exception, match="wait"):
         p.GetTable(wait=-1.0)
+
+
+def test_a_waiting_get_table_ends_when_the_nodes_have_a_newer_table_not_when_the_coordinator_makes_one():
+    """``ClusterState.newer_table``, the coordinator's side alone (no I/O in it)."""
+    async def main():
+        state = ClusterState(Table.empty(4), EventLog(None))
+        first = state.table.with_owners(["n1"] * 4, {"n1": "127.0.0.1:1"})
+        state.table = first
+        state.table_sent(first.epoch)
+        assert await state.newer_table(first.epoch - 1, 30)  # the nodes have a newer one: at once
+        start = time.monotonic()
+        assert not await state.newer_table(first.epoch, 0.2)  # none newer: after the wait
+        assert time.monotonic() - start >= 0.15
+        waiting = asyncio.ensure_future(state.newer_table(first.epoch, 30))
+        state.table = first.with_owners(["n2"] * 4, {"n2": "127.0.0.1:2"})  # made, not yet sent
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        start = time.monotonic()  # one asking now waits too; at the end of its wait it takes what there is
+        assert await state.newer_table(first.epoch, 0.2) and time.monotonic() - start >= 0.15
+        assert not waiting.done()
+        state.table_sent(state.table.epoch)
+        assert await asyncio.wait_for(waiting, 5)
+
+    asyncio.run(main())
