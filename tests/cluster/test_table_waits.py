@@ -35,9 +35,10 @@ def test_a_wait_for_a_newer_table_ends_as_the_nodes_get_one_and_a_retry_takes_th
 
             victim = cluster.nodes()[0].node_id
             key = next(f"order-{i}" for i in range(500) if backend.table.owners[rs.partition_of(f"order-{i}")] == victim)
-            waited: list = []
-            waiter = threading.Thread(target=lambda: waited.append(
-                backend._coordinator.call(p.GetTable(newer_than=epoch, wait=30), 40)))
+            # another client's retry wait of 120 s (longer than a GetTable may wait: it asks for 60), and nothing else
+            other = cluster.connect(retry_timeout=60)
+            assert other.backend.table.epoch == epoch
+            waiter = threading.Thread(target=other.backend.tables.wait, args=(120.0,), daemon=True)
             waiter.start()
             # every wait a retry draws is 30 s: a client that slept them out would answer long after the promotion
             backend.retry = Retry(deadline=60, initial=30, maximum=30)
@@ -46,7 +47,8 @@ def test_a_wait_for_a_newer_table_ends_as_the_nodes_get_one_and_a_retry_takes_th
             assert state.get(key) == {"amount": int(key.split("-")[1])}
             served = time.time()
             waiter.join(30)
-            assert waited and waited[0]["epoch"] > epoch  # the long wait ended with the first newer table sent
+            assert not waiter.is_alive() and other.backend.table.epoch > epoch  # it ended with the first newer table sent
+            other.close()
             promoted = wait_until(lambda: [e for e in cluster.status()["events"]
                                            if e["seq"] > after and e["event"] == "primary_promoted"], 10, "the promotion")
             # the coordinator's clock is this machine's: the read came within a second of the first promotion

@@ -53,7 +53,8 @@ class Tables:
         end = time.monotonic() + seconds
         if self._waited:
             try:
-                reply = self._coordinator.call(p.GetTable(newer_than=self.table.epoch, wait=seconds), seconds + self._timeout)
+                waited = min(seconds, p.MAX_TABLE_WAIT)  # a longer backoff (a Retry of one's own) tries again sooner
+                reply = self._coordinator.call(p.GetTable(newer_than=self.table.epoch, wait=waited), waited + self._timeout)
                 if reply is not None:
                     self._take(Table.from_wire(reply))
                 return
